@@ -1,0 +1,371 @@
+"""The `car-ray` command line: record, replay, fork, inspect, sim serve, demo."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import TypeAdapter, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from .job import Job, JobFileError, load_job
+from .replay import (
+    INTERVENTION_KINDS,
+    AiohttpUpstream,
+    BaseUrls,
+    DivergenceError,
+    ForkRow,
+    ForkRunner,
+    ForkSpec,
+    Intervention,
+    InterventionError,
+    record,
+)
+from .tape import LlmEvent, Tape, TapeError, load_tape
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
+sim_app = typer.Typer(no_args_is_help=True, help="The simulated model provider.")
+app.add_typer(sim_app, name="sim")
+console = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+_INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    return typer.Exit(code)
+
+
+def _job(path: Path) -> Job:
+    try:
+        return load_job(path)
+    except JobFileError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _tape(path: Path) -> Tape:
+    try:
+        return load_tape(path)
+    except TapeError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(make())
+
+
+@contextmanager
+def _provider(job: Job, base_url: str | None) -> Iterator[BaseUrls]:
+    """The live provider: `--base-url`, else the job's, else the simulated one with the
+    job's policy on 127.0.0.1 for as long as the command runs."""
+    url = base_url or job.spec.provider.base_url
+    if url:
+        yield BaseUrls(
+            openai=job.spec.provider.openai_base_url or url.rstrip("/") + "/v1",
+            anthropic=job.spec.provider.anthropic_base_url or url.rstrip("/"),
+        )
+        return
+    from .sim import SimServer
+
+    try:
+        policy = job.load("policy")
+    except JobFileError as exc:
+        raise _fail(f"{exc} (needed to run the simulated provider; or pass --base-url)") from None
+    with SimServer(policy) as sim:
+        yield BaseUrls.for_server(sim.url)
+
+
+def _api_keys() -> dict[str, str]:
+    keys = {
+        "openai": os.environ.get("OPENAI_API_KEY"),
+        "anthropic": os.environ.get("ANTHROPIC_API_KEY"),
+    }
+    return {k: v for k, v in keys.items() if v}
+
+
+def _parse_value(kind: str, value: str | None) -> Intervention:
+    """`--value` for each kind: JSON, or a plain string where that is unambiguous."""
+    raw: Any = None
+    if value is not None:
+        try:
+            raw = json.loads(value)
+        except json.JSONDecodeError:
+            raw = value
+    data: dict[str, Any]
+    if kind == "resample":
+        data = {}
+    elif kind == "action":
+        if raw is None:
+            raise _fail('--do action needs --value: a text, or JSON {"tool_calls": [...]}')
+        data = raw if isinstance(raw, dict) else {"text": str(raw)}
+    elif kind == "observation":
+        data = raw if isinstance(raw, dict) and {"result", "error"} & set(raw) else {"result": raw}
+    elif kind == "context":
+        if raw is None:
+            raise _fail(
+                "--do context needs --value: JSON edits, e.g. "
+                '\'[{"op": "regex", "pattern": "...", "replacement": ""}]\''
+            )
+        data = {"edits": raw if isinstance(raw, list) else [raw]}
+    elif kind == "policy":
+        if raw is None:
+            raise _fail('--do policy needs --value: a model name, or JSON {"model", "base_url"}')
+        data = raw if isinstance(raw, dict) else {"model": str(raw)}
+    else:
+        raise _fail(f"--do {kind!r}: expected one of {', '.join(INTERVENTION_KINDS)}")
+    try:
+        return _INTERVENTION.validate_python({"kind": kind, **data})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise _fail(
+            f"--value for {kind}: {first['msg']} at {'.'.join(map(str, first['loc']))}"
+        ) from None
+
+
+def _steps_table(tape: Tape) -> Table:
+    table = Table(title=f"{tape.path}  ({'sealed' if tape.sealed else 'INCOMPLETE'})")
+    for column in ("step", "kind", "tool / model", "preview"):
+        table.add_column(column)
+    for event in tape.steps:
+        if isinstance(event, LlmEvent):
+            action = event.action or {}
+            calls = ", ".join(c["name"] for c in action.get("tool_calls") or [])
+            text = action.get("text") or ""
+            preview = (f"→ {calls}  " if calls else "") + text
+            table.add_row(str(event.step), "llm", f"{event.provider}:{event.model}", preview[:80])
+        else:
+            shown = event.error.message if event.error else json.dumps(event.result)
+            flag = " (effect)" if event.effect else ""
+            table.add_row(str(event.step), "tool", event.name + flag, shown[:80])
+    return table
+
+
+def _rows_table(rows: list[ForkRow], title: str) -> Table:
+    table = Table(title=title)
+    for column in (
+        "steps",
+        "do",
+        "tail",
+        "seed",
+        "status",
+        "outcome",
+        "flipped",
+        "calls",
+        "tokens",
+        "cost $",
+        "latency s",
+    ):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            ",".join(map(str, row.steps_intervened)),
+            ",".join(row.interventions),
+            row.tail,
+            str(row.seed),
+            row.status + (f" ({row.blocked_effect})" if row.blocked_effect else ""),
+            "-" if row.outcome is None else f"{row.outcome:.2f}",
+            "-" if row.flipped is None else ("yes" if row.flipped else "no"),
+            str(row.tail_calls),
+            f"{row.tokens_in}/{row.tokens_out}",
+            f"{row.cost_usd:.6f}",
+            f"{row.latency_s:.3f}",
+        )
+    return table
+
+
+@app.command("record")
+def record_cmd(
+    job_file: Annotated[Path, typer.Argument(help="the job's TOML file")],
+    out: Annotated[Path, typer.Option("-o", "--out", help="where to write the tape")],
+    base_url: Annotated[
+        str | None, typer.Option(help="a live provider instead of the simulated one")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="seed for the simulated provider's draws")
+    ] = None,
+    force: Annotated[bool, typer.Option(help="overwrite an existing tape")] = False,
+) -> None:
+    """Run the job's agent live and record its tape."""
+    job = _job(job_file)
+    agent = job.load("agent")
+
+    async def go() -> None:
+        with _provider(job, base_url) as urls:
+            tape, outcome = await record(
+                agent,
+                job.spec.agent,
+                job.spec.input,
+                out,
+                base_urls=urls,
+                seed=job.spec.seed if seed is None else seed,
+                api_keys=_api_keys(),
+                overwrite=force,
+            )
+        console.print(_steps_table(tape))
+        status = f"agent raised {outcome.error!r}" if outcome.error else "agent returned"
+        console.print(
+            f"recorded {len(tape.steps)} steps, {status}; tape id [bold]{tape.tape_id}[/]"
+        )
+
+    try:
+        _run(go)
+    except FileExistsError as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command("replay")
+def replay_cmd(
+    tape_file: Annotated[Path, typer.Argument(help="the tape")],
+    job_file: Annotated[Path, typer.Option("--job", help="the job whose agent to replay")],
+) -> None:
+    """Replay a tape with no network: exit 0 if faithful, 1 with the diff if not."""
+    job = _job(job_file)
+    tape = _tape(tape_file)
+    try:
+        tape.require_sealed()
+    except TapeError as exc:
+        raise _fail(str(exc)) from None
+    runner = ForkRunner(
+        job.load("agent"),
+        job.load("scorer"),
+        base_urls=BaseUrls(**tape.header.provider)
+        if set(tape.header.provider) == {"openai", "anthropic"}
+        else BaseUrls.for_server("http://127.0.0.1:9"),
+    )
+    runner.add_tape(tape)
+
+    async def go() -> None:
+        try:
+            await runner.replay(tape.tape_id)
+        finally:
+            await runner.aclose()
+
+    try:
+        _run(go)
+    except DivergenceError as exc:
+        err.print(f"[bold red]replay diverged[/]\n{exc.render()}")
+        raise typer.Exit(1) from None
+    outcome = runner.recorded_outcome(tape.tape_id)
+    console.print(
+        f"[green]faithful[/]: {len(tape.steps)} steps replayed byte for byte, same result; "
+        f"recorded outcome {outcome:.2f}"
+    )
+
+
+@app.command("fork")
+def fork_cmd(
+    tape_file: Annotated[Path, typer.Argument(help="the tape")],
+    job_file: Annotated[Path, typer.Option("--job", help="the job (agent, scorer, policy)")],
+    step: Annotated[int, typer.Option(help="the step to intervene on")],
+    do: Annotated[
+        str, typer.Option(help="resample | action | observation | context | policy")
+    ] = "resample",
+    value: Annotated[
+        str | None, typer.Option(help="the intervention's value (JSON or text)")
+    ] = None,
+    tail: Annotated[str, typer.Option(help="live | pinned")] = "live",
+    seed: Annotated[int, typer.Option(help="fixes every live draw")] = 0,
+    base_url: Annotated[
+        str | None, typer.Option(help="a live provider instead of the simulated one")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the row as JSON")] = False,
+) -> None:
+    """Run one fork of a tape and print its row."""
+    if tail not in ("live", "pinned"):
+        raise _fail(f"--tail {tail!r}: expected live or pinned")
+    job = _job(job_file)
+    tape = _tape(tape_file)
+    intervention = _parse_value(do, value)
+    try:
+        spec = ForkSpec(
+            tape_id=tape.tape_id, interventions={step: intervention}, tail=tail, seed=seed
+        )
+    except ValidationError as exc:
+        raise _fail(str(exc)) from None
+
+    async def go() -> ForkRow:
+        with _provider(job, base_url) as urls:
+            runner = ForkRunner(
+                job.load("agent"),
+                job.load("scorer"),
+                base_urls=urls,
+                upstream=AiohttpUpstream(),
+                api_keys=_api_keys(),
+            )
+            try:
+                runner.add_tape(tape)
+                return await runner.run(spec)
+            finally:
+                await runner.aclose()
+
+    try:
+        row = _run(go)
+    except (TapeError, InterventionError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(row.model_dump_json(indent=2))
+    else:
+        console.print(_rows_table([row], f"fork {row.task_id}"))
+        if row.divergence or row.error:
+            err.print(row.divergence or row.error)
+
+
+@app.command("inspect")
+def inspect_cmd(tape_file: Annotated[Path, typer.Argument(help="the tape")]) -> None:
+    """Show a tape's steps (works on incomplete tapes too)."""
+    tape = _tape(tape_file)
+    console.print(_steps_table(tape))
+    for note in tape.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    console.print(
+        f"tape id {tape.tape_id}; agent {tape.header.agent}; created {tape.header.created}"
+    )
+
+
+@sim_app.command("serve")
+def sim_serve(
+    policy: Annotated[str, typer.Option(help="the scenario policy, MODULE:ATTR")],
+    port: Annotated[int, typer.Option(help="port on 127.0.0.1 (0: any free port)")] = 8765,
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    latency_ms: Annotated[float, typer.Option(help="added to every answer")] = 0.0,
+    rate_429: Annotated[float, typer.Option(help="share of requests answered 429")] = 0.0,
+    rate_5xx: Annotated[float, typer.Option(help="share of requests answered 5xx")] = 0.0,
+    fault_seed: Annotated[int, typer.Option(help="seed of the fault draws")] = 0,
+) -> None:
+    """Serve the simulated OpenAI- and Anthropic-compatible provider."""
+    from .sim import serve
+
+    sys.path.insert(0, os.getcwd())
+    serve(policy, host, port, latency_ms, rate_429, rate_5xx, fault_seed)
+
+
+@app.command("demo")
+def demo_cmd(
+    job_file: Annotated[Path, typer.Option("--job")] = Path("jobs/support_refund/job.toml"),
+    forks_per_step: Annotated[int, typer.Option(help="resample forks per step")] = 16,
+) -> None:
+    """Record the demo job (if its tape is missing), replay it, and run forks of it."""
+    from .demo import run_demo
+
+    job = _job(job_file)
+    try:
+        _run(lambda: run_demo(job, console, forks_per_step))
+    except (TapeError, DivergenceError, InterventionError) as exc:
+        raise _fail(str(exc)) from None
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Wire formats of the model providers car-ray speaks, behind one `Codec` protocol."""
+
+from __future__ import annotations
+
+from ._anthropic import AnthropicMessagesCodec
+from ._openai import OpenAIChatCodec
+from ._pricing import DEFAULT_PRICING, Price, PriceTable
+from ._types import (
+    Action,
+    ChatRequest,
+    Codec,
+    Message,
+    ProviderFormatError,
+    ProviderName,
+    ToolCall,
+    Usage,
+    estimate_tokens,
+    estimate_usage,
+)
+
+OPENAI = OpenAIChatCodec()
+ANTHROPIC = AnthropicMessagesCodec()
+CODECS: tuple[Codec, ...] = (OPENAI, ANTHROPIC)
+
+
+def codec_for_path(path: str) -> Codec | None:
+    """The codec whose endpoint this URL path is, or None for any other request."""
+    for codec in CODECS:
+        if path.rstrip("/").endswith(codec.path_suffix):
+            return codec
+    return None
+
+
+def codec_for(provider: str) -> Codec:
+    for codec in CODECS:
+        if codec.provider == provider:
+            return codec
+    raise ValueError(f"unknown provider {provider!r}: expected one of openai, anthropic")
+
+
+__all__ = [
+    "ANTHROPIC",
+    "CODECS",
+    "DEFAULT_PRICING",
+    "OPENAI",
+    "Action",
+    "ChatRequest",
+    "Codec",
+    "Message",
+    "Price",
+    "PriceTable",
+    "ProviderFormatError",
+    "ProviderName",
+    "ToolCall",
+    "Usage",
+    "codec_for",
+    "codec_for_path",
+    "estimate_tokens",
+    "estimate_usage",
+]

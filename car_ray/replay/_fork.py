@@ -1,0 +1,386 @@
+"""Recording, replaying and forking agent runs: `record`, `ForkSpec`, `ForkRunner`."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import structlog
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .._canon import canonical_bytes, digest_of
+from ..providers import PriceTable
+from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent
+from ._context import AgentContext
+from ._divergence import DivergenceError
+from ._interventions import EditContext, ForceAction, Intervention, ReplaceObservation
+from ._run import (
+    EffectBlocked,
+    ForkAborted,
+    InterventionError,
+    Plan,
+    Run,
+    Tail,
+    recorded_trajectory,
+)
+from ._upstream import AiohttpUpstream, Upstream
+
+log = structlog.get_logger("car_ray.fork")
+
+AgentFn = Callable[[AgentContext], Any]
+ScorerFn = Callable[[Any, list[dict[str, Any]]], float]
+Status = Literal["ok", "divergence", "blocked_effect", "error"]
+
+
+class ForkSpec(BaseModel):
+    """A fork, as data: which tape, what to change at which steps, how the tail runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tape_id: str
+    interventions: dict[int, Intervention] = Field(default_factory=dict)
+    tail: Tail = "live"
+    seed: int = 0
+
+    @field_validator("interventions")
+    @classmethod
+    def _steps_non_negative(cls, value: dict[int, Intervention]) -> dict[int, Intervention]:
+        bad = [k for k in value if k < 0]
+        if bad:
+            raise ValueError(f"step numbers start at 0; got {bad}")
+        return value
+
+    @property
+    def task_id(self) -> str:
+        """The hash of the spec: the same fork has the same id wherever it runs."""
+        return digest_of(self.model_dump(mode="json"))[:32]
+
+
+class ForkRow(BaseModel):
+    """One fork's result: what happened, what it cost, and whether the outcome flipped."""
+
+    task_id: str
+    tape_id: str
+    status: Status
+    outcome: float | None
+    recorded_outcome: float
+    flipped: bool | None
+    steps_intervened: list[int]
+    interventions: list[str]
+    tail: Tail
+    seed: int
+    tail_calls: int
+    retries: int
+    tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    latency_s: float
+    divergence: str | None = None
+    blocked_effect: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class RunResult:
+    """A finished run: the agent's result or error, the trajectory and what was spent."""
+
+    result: Any
+    error: BaseException | None
+    run: Run
+    latency_s: float
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BaseUrls:
+    openai: str
+    anthropic: str
+
+    def as_dict(self) -> dict[str, str]:
+        return {"openai": self.openai, "anthropic": self.anthropic}
+
+    @classmethod
+    def for_server(cls, url: str) -> BaseUrls:
+        """The base URLs the SDKs want for one server speaking both protocols."""
+        url = url.rstrip("/")
+        return cls(openai=url + "/v1", anthropic=url)
+
+
+def is_bad(outcome: float) -> bool:
+    """Outcomes are in [0, 1], 1 the bad outcome; a flip crosses one half."""
+    return outcome >= 0.5
+
+
+class _Engine:
+    """Runs agent functions on one event loop; sync agents go to a thread pool."""
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        *,
+        upstream: Upstream | None,
+        base_urls: BaseUrls,
+        prices: PriceTable | None,
+        api_keys: Mapping[str, str] | None,
+        max_threads: int,
+    ) -> None:
+        self.agent = agent
+        self.upstream = upstream
+        self.base_urls = base_urls
+        self.prices = prices or PriceTable.load()
+        self.api_keys = dict(api_keys or {})
+        self._threads = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="agent")
+        self._is_async = inspect.iscoroutinefunction(agent)
+
+    async def execute(self, run: Run, input: Any) -> RunResult:
+        ctx = AgentContext(run, input, self.base_urls.as_dict(), self.api_keys)
+        started = time.perf_counter()
+        result: Any = None
+        error: BaseException | None = None
+        try:
+            if self._is_async:
+                result = await self.agent(ctx)
+            else:
+                loop = asyncio.get_running_loop()
+                result = await loop.run_in_executor(self._threads, self.agent, ctx)
+        except (EffectBlocked, ForkAborted) as exc:
+            error = exc
+        except Exception as exc:
+            error = exc
+        return RunResult(result, error, run, time.perf_counter() - started, run.trajectory)
+
+    async def aclose(self) -> None:
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        if self.upstream is not None:
+            await self.upstream.aclose()
+
+
+async def record(
+    agent: AgentFn,
+    agent_ref: str,
+    input: Any,
+    path: Path,
+    *,
+    base_urls: BaseUrls,
+    upstream: Upstream | None = None,
+    seed: int | None = None,
+    api_keys: Mapping[str, str] | None = None,
+    overwrite: bool = False,
+) -> tuple[Tape, RunResult]:
+    """Run the agent live and write its tape, event by event; returns the sealed tape."""
+    header = TapeHeader(
+        agent=agent_ref,
+        input=input,
+        provider=base_urls.as_dict(),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        seed=seed,
+    )
+    writer = TapeWriter(path, header, overwrite=overwrite)
+    owned = upstream is None
+    engine = _Engine(
+        agent,
+        upstream=upstream or AiohttpUpstream(),
+        base_urls=base_urls,
+        prices=None,
+        api_keys=api_keys,
+        max_threads=1,
+    )
+    run = Run(
+        loop=asyncio.get_running_loop(),
+        upstream=engine.upstream,
+        writer=writer,
+        seed=seed if seed is not None else time.time_ns(),
+        base_urls=base_urls.as_dict(),
+    )
+    try:
+        outcome = await engine.execute(run, input)
+    finally:
+        if owned:
+            await engine.aclose()
+        else:
+            engine._threads.shutdown(wait=False)
+    error = (
+        ToolError(type=type(outcome.error).__name__, message=str(outcome.error))
+        if outcome.error is not None
+        else None
+    )
+    writer.seal(outcome.result, error)
+    from ..tape import load_tape
+
+    return load_tape(path), outcome
+
+
+class ForkRunner:
+    """Runs replays and forks of cached tapes, many at once, on the current event loop.
+
+    Tapes are loaded once and kept by id; each fork is a coroutine with no process or
+    thread of its own (a sync agent borrows a pool thread while it runs)."""
+
+    def __init__(
+        self,
+        agent: AgentFn,
+        scorer: ScorerFn,
+        *,
+        base_urls: BaseUrls,
+        upstream: Upstream | None = None,
+        prices: PriceTable | None = None,
+        api_keys: Mapping[str, str] | None = None,
+        max_threads: int = 256,
+    ) -> None:
+        self.scorer = scorer
+        self._engine = _Engine(
+            agent,
+            upstream=upstream,
+            base_urls=base_urls,
+            prices=prices,
+            api_keys=api_keys,
+            max_threads=max_threads,
+        )
+        self._tapes: dict[str, Tape] = {}
+        self._recorded_outcomes: dict[str, float] = {}
+
+    def add_tape(self, tape: Tape) -> str:
+        tape.require_sealed()
+        self._tapes[tape.tape_id] = tape
+        return tape.tape_id
+
+    def tape(self, tape_id: str) -> Tape:
+        try:
+            return self._tapes[tape_id]
+        except KeyError:
+            raise KeyError(f"tape {tape_id} is not loaded in this runner") from None
+
+    def recorded_outcome(self, tape_id: str) -> float:
+        if tape_id not in self._recorded_outcomes:
+            tape = self.tape(tape_id)
+            assert tape.seal is not None
+            self._recorded_outcomes[tape_id] = self._score(
+                tape.seal.result, recorded_trajectory(tape)
+            )
+        return self._recorded_outcomes[tape_id]
+
+    def _score(self, result: Any, trajectory: list[dict[str, Any]]) -> float:
+        value = float(self.scorer(result, trajectory))
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
+        return value
+
+    def check(self, spec: ForkSpec) -> None:
+        """Refuse a spec that names steps the tape does not have or misfits a step's kind."""
+        steps = self.tape(spec.tape_id).steps
+        for k, iv in spec.interventions.items():
+            if k >= len(steps):
+                raise InterventionError(
+                    f"step {k} does not exist: the tape has steps 0..{len(steps) - 1}"
+                )
+            event = steps[k]
+            if isinstance(iv, ReplaceObservation) and not isinstance(event, ToolEvent):
+                raise InterventionError(
+                    f"step {k} is a model call: 'observation' needs a tool step"
+                )
+            if isinstance(iv, ForceAction | EditContext) and not isinstance(event, LlmEvent):
+                raise InterventionError(
+                    f"step {k} is tool {event.name!r}: '{iv.kind}' needs a model-call step"
+                )
+
+    async def replay(self, tape_id: str) -> RunResult:
+        """Replay the tape with no network path; a divergence is raised, with its diff."""
+        tape = self.tape(tape_id)
+        run = Run(
+            loop=asyncio.get_running_loop(),
+            upstream=None,
+            tape=tape,
+            plan=Plan(),
+            seed=tape.header.seed or 0,
+            base_urls=self._engine.base_urls.as_dict(),
+        )
+        outcome = await self._engine.execute(run, tape.header.input)
+        if run.divergence is not None:
+            raise run.divergence
+        if run.step < len(tape.steps):
+            raise DivergenceError(
+                run.step,
+                f"the agent stopped after {run.step} steps; the tape has {len(tape.steps)}",
+            )
+        assert tape.seal is not None
+        recorded_error = tape.seal.error.type if tape.seal.error else None
+        observed_error = type(outcome.error).__name__ if outcome.error else None
+        if recorded_error != observed_error:
+            raise DivergenceError(
+                run.step, f"the run ended with {observed_error}; the tape with {recorded_error}"
+            )
+        if outcome.error is None and canonical_bytes(outcome.result) != canonical_bytes(
+            tape.seal.result
+        ):
+            raise DivergenceError(
+                run.step,
+                "the agent's result differs from the recorded one "
+                "(nondeterminism outside ctx.now / ctx.uuid4 / ctx.random?)",
+            )
+        return outcome
+
+    async def run(self, spec: ForkSpec) -> ForkRow:
+        """Run one fork and return its row; failures are in the row, not raised."""
+        self.check(spec)
+        tape = self.tape(spec.tape_id)
+        recorded = self.recorded_outcome(spec.tape_id)
+        run = Run(
+            loop=asyncio.get_running_loop(),
+            upstream=self._engine.upstream,
+            tape=tape,
+            plan=Plan(dict(spec.interventions), spec.tail),
+            seed=spec.seed,
+            base_urls=self._engine.base_urls.as_dict(),
+            prices=self._engine.prices,
+        )
+        outcome = await self._engine.execute(run, tape.header.input)
+        status: Status = "ok"
+        score: float | None = None
+        error: str | None = None
+        if run.divergence is not None:
+            status = "divergence"
+        else:
+            if run.blocked is not None:
+                status = "blocked_effect"
+            elif outcome.error is not None:
+                status = "error"
+                error = f"{type(outcome.error).__name__}: {outcome.error}"
+            try:
+                # A blocked effect or a crash is still scored: the trajectory shows the
+                # attempted call, and the job's scorer says whether that is the bad outcome.
+                score = self._score(outcome.result, run.trajectory)
+            except Exception as exc:
+                status = "error"
+                error = (error + "; " if error else "") + f"scorer failed: {exc}"
+        spend = run.spend
+        return ForkRow(
+            task_id=spec.task_id,
+            tape_id=spec.tape_id,
+            status=status,
+            outcome=score,
+            recorded_outcome=recorded,
+            flipped=None if score is None else is_bad(score) != is_bad(recorded),
+            steps_intervened=sorted(spec.interventions),
+            interventions=[spec.interventions[k].kind for k in sorted(spec.interventions)],
+            tail=spec.tail,
+            seed=spec.seed,
+            tail_calls=spend.tail_calls,
+            retries=spend.retries,
+            tokens_in=spend.tokens_in,
+            tokens_out=spend.tokens_out,
+            cost_usd=round(spend.cost_usd, 9),
+            latency_s=round(outcome.latency_s, 6),
+            divergence=run.divergence.summary() if run.divergence else None,
+            blocked_effect=run.blocked,
+            error=error,
+        )
+
+    async def aclose(self) -> None:
+        await self._engine.aclose()

@@ -1,0 +1,152 @@
+"""The five interventions, as data: what a fork does differently at one step."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..providers import Action, ToolCall
+
+
+class _Intervention(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Resample(_Intervention):
+    """Re-draw the step from the unchanged model (or re-run the unchanged tool)."""
+
+    kind: Literal["resample"] = "resample"
+
+
+class ForcedToolCall(_Intervention):
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ForceAction(_Intervention):
+    """Force an llm step's response: a text, tool calls, or a whole provider body."""
+
+    kind: Literal["action"] = "action"
+    text: str | None = None
+    tool_calls: list[ForcedToolCall] = Field(default_factory=list)
+    body: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ForceAction:
+        if self.body is not None and (self.text is not None or self.tool_calls):
+            raise ValueError("give either 'body' or 'text'/'tool_calls', not both")
+        if self.body is None and self.text is None and not self.tool_calls:
+            raise ValueError("an action needs 'text', 'tool_calls' or 'body'")
+        return self
+
+    def action(self) -> Action:
+        return Action(
+            text=self.text,
+            tool_calls=tuple(ToolCall(c.name, dict(c.arguments)) for c in self.tool_calls),
+        )
+
+
+class ReplaceObservation(_Intervention):
+    """Replace a tool step's result (or make it fail with `error`); the tool does not run."""
+
+    kind: Literal["observation"] = "observation"
+    result: Any = None
+    error: str | None = None
+
+
+class ContextEdit(_Intervention):
+    op: Literal["drop", "replace", "insert", "regex"]
+    index: int | None = None
+    message: dict[str, Any] | None = None
+    pattern: str | None = None
+    replacement: str = ""
+
+    @model_validator(mode="after")
+    def _fields_for_op(self) -> ContextEdit:
+        if self.op in ("drop", "replace", "insert") and self.index is None:
+            raise ValueError(f"context edit {self.op!r} needs 'index'")
+        if self.op in ("replace", "insert") and self.message is None:
+            raise ValueError(f"context edit {self.op!r} needs 'message'")
+        if self.op == "regex":
+            if not self.pattern:
+                raise ValueError("context edit 'regex' needs 'pattern'")
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"bad regex {self.pattern!r}: {exc}") from None
+        return self
+
+
+class EditContext(_Intervention):
+    """Edit an llm step's request (drop / replace / insert messages, regex over text), then
+    send it live."""
+
+    kind: Literal["context"] = "context"
+    edits: list[ContextEdit] = Field(min_length=1)
+
+    def apply(self, body: dict[str, Any]) -> dict[str, Any]:
+        edited = copy.deepcopy(body)
+        messages = edited.get("messages")
+        if not isinstance(messages, list):
+            raise ValueError("the request has no 'messages' list to edit")
+        for edit in self.edits:
+            if edit.op == "regex":
+                assert edit.pattern is not None
+                pattern = re.compile(edit.pattern)
+                edited["messages"] = messages = _sub_strings(messages, pattern, edit.replacement)
+                if "system" in edited:
+                    edited["system"] = _sub_strings(edited["system"], pattern, edit.replacement)
+                continue
+            assert edit.index is not None
+            size = len(messages) + (1 if edit.op == "insert" else 0)
+            if not -size <= edit.index < size:
+                raise ValueError(
+                    f"context edit {edit.op!r}: index {edit.index} is outside the "
+                    f"{len(messages)} messages"
+                )
+            if edit.op == "drop":
+                del messages[edit.index]
+            elif edit.op == "replace":
+                messages[edit.index] = edit.message
+            else:
+                messages.insert(edit.index, edit.message)
+        return edited
+
+
+def _sub_strings(value: Any, pattern: re.Pattern[str], replacement: str) -> Any:
+    if isinstance(value, str):
+        return pattern.sub(replacement, value)
+    if isinstance(value, list):
+        return [_sub_strings(v, pattern, replacement) for v in value]
+    if isinstance(value, dict):
+        # Only text is edited: keys, roles, ids and tool names stay as they are.
+        return {
+            k: _sub_strings(v, pattern, replacement) if k in ("content", "text") else v
+            for k, v in value.items()
+        }
+    return value
+
+
+class SwapPolicy(_Intervention):
+    """From this step on, send model calls to another model (and/or base URL of the same
+    wire protocol)."""
+
+    kind: Literal["policy"] = "policy"
+    model: str | None = None
+    base_url: str | None = None
+
+    @model_validator(mode="after")
+    def _something(self) -> SwapPolicy:
+        if self.model is None and self.base_url is None:
+            raise ValueError("a policy intervention needs 'model' and/or 'base_url'")
+        return self
+
+
+Intervention = Annotated[
+    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy,
+    Field(discriminator="kind"),
+]
+INTERVENTION_KINDS = ("resample", "action", "observation", "context", "policy")

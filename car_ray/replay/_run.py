@@ -1,0 +1,633 @@
+"""One execution of an agent against a tape: recording, faithful replay, or a fork.
+
+Every model call and tool call of the agent arrives here as a step; `Run` decides, step by
+step, whether to serve it from the tape (checking the request), apply an intervention, or
+go live, and keeps the trajectory the scorer sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import builtins
+import hashlib
+import json
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import structlog
+
+from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
+from ..providers import Action, PriceTable, Usage, codec_for_path
+from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
+from ._divergence import DivergenceError, json_diff
+from ._interventions import (
+    EditContext,
+    ForceAction,
+    Intervention,
+    ReplaceObservation,
+    Resample,
+    SwapPolicy,
+)
+from ._upstream import Upstream, WireRequest, WireResponse
+
+log = structlog.get_logger("car_ray.replay")
+
+SEED_HEADER = "x-car-ray-seed"
+# Allowlists, not blocklists: nothing else of a request or response reaches a tape, so
+# API keys and auth headers (authorization, x-api-key, cookies, ...) never do.
+TAPE_REQUEST_HEADERS = frozenset({"content-type", "accept", "anthropic-version", "anthropic-beta"})
+TAPE_RESPONSE_HEADERS = frozenset({"content-type", "request-id", "x-request-id"})
+NEVER = 1 << 62
+
+Tail = Literal["live", "pinned"]
+Source = Literal["recorded", "replay", "live", "forced", "pinned", "blocked"]
+
+
+class EffectBlocked(BaseException):
+    """Raised into the agent when a fork would run an effectful tool: the fork ends here.
+
+    A BaseException so that an agent's `except Exception` cannot swallow it."""
+
+
+class ForkAborted(BaseException):
+    """Raised into the agent after a divergence, so a fork cannot go on off the tape."""
+
+
+class ToolFailed(Exception):
+    """A recorded tool error, served again during replay when its type is not a builtin."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        self.type_name = type_name
+        super().__init__(f"{type_name}: {message}")
+
+
+class InterventionError(ValueError):
+    """An intervention that does not fit the step it names."""
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The seed of one live draw: fixed by the fork's seed and the step, so the same step
+    draws the same way across forks (common random numbers)."""
+    return int(hashlib.sha256(f"{seed}:{step}".encode()).hexdigest()[:15], 16)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does: interventions by step and what happens after the first of them."""
+
+    interventions: dict[int, Intervention] = field(default_factory=dict)
+    tail: Tail = "live"
+
+    @property
+    def first(self) -> int:
+        return min(self.interventions, default=NEVER)
+
+
+@dataclass
+class Spend:
+    tail_calls: int = 0
+    retries: int = 0
+    tokens_in: int = 0
+    tokens_out: int = 0
+    cost_usd: float = 0.0
+
+
+def llm_entry(step: int, event_like: dict[str, Any], source: Source) -> dict[str, Any]:
+    """A trajectory entry for a model call, as the scorer sees it."""
+    return {"step": step, "kind": "llm", "source": source, **event_like}
+
+
+def tool_entry(step: int, event: ToolEvent, source: Source) -> dict[str, Any]:
+    """A trajectory entry for a tool call, as the scorer sees it."""
+    return {
+        "step": step,
+        "kind": "tool",
+        "source": source,
+        "name": event.name,
+        "arguments": event.arguments,
+        "effect": event.effect,
+        "result": event.result,
+        "error": event.error.model_dump() if event.error else None,
+        "blocked": source == "blocked",
+    }
+
+
+def recorded_trajectory(tape: Tape) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for event in tape.steps:
+        if isinstance(event, LlmEvent):
+            out.append(llm_entry(event.step, _llm_fields(event), "recorded"))
+        else:
+            out.append(tool_entry(event.step, event, "recorded"))
+    return out
+
+
+def _llm_fields(event: LlmEvent) -> dict[str, Any]:
+    return {
+        "provider": event.provider,
+        "model": event.model,
+        "status": event.response.status,
+        "action": event.action,
+    }
+
+
+def _tool_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    arguments = {"args": list(args), "kwargs": kwargs}
+    try:
+        canonical_bytes(arguments)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"tool {name!r}: arguments must be JSON values to be recorded ({exc}); "
+            "pass ids and plain data to tools, not objects"
+        ) from None
+    # Round-trip so tuples compare equal to the lists they load back as.
+    loaded: dict[str, Any] = json_roundtrip(arguments)
+    return loaded
+
+
+def _json_or_none(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+class Run:
+    """The step machine of one agent run. Record with `writer`, replay or fork with `tape`."""
+
+    def __init__(
+        self,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        upstream: Upstream | None,
+        tape: Tape | None = None,
+        plan: Plan | None = None,
+        writer: TapeWriter | None = None,
+        seed: int = 0,
+        base_urls: dict[str, str] | None = None,
+        prices: PriceTable | None = None,
+    ) -> None:
+        if (tape is None) == (writer is None):
+            raise ValueError("a run either records (writer) or replays a tape (tape), not both")
+        self.loop = loop
+        self.upstream = upstream
+        self.tape = tape
+        self.plan = plan or Plan()
+        self.writer = writer
+        self.seed = seed
+        self.base_urls = base_urls or {}
+        self.prices = prices or PriceTable()
+        self.recorded_steps = tape.steps if tape is not None else []
+        self.step = 0
+        self.trajectory: list[dict[str, Any]] = []
+        self.spend = Spend()
+        self.divergence: DivergenceError | None = None
+        self.blocked: str | None = None
+        self.swap: SwapPolicy | None = None
+        self._lock = asyncio.Lock()
+        self._tool_lock = threading.Lock()
+        self._pending: dict[int, dict[str, Any]] = {}
+        self._next_emit = 0
+        self._rng = random.Random(seed)
+        self._nondet_cursor: dict[str, int] = {}
+        self._used_effects: set[int] = set()
+
+    @property
+    def recording(self) -> bool:
+        return self.writer is not None
+
+    # -- shared plumbing -------------------------------------------------------------
+
+    def _allocate(self) -> int:
+        with self._tool_lock:
+            if self.divergence is not None:
+                raise ForkAborted(self.divergence.summary())
+            if self.blocked is not None:
+                raise EffectBlocked(self.blocked)
+            k = self.step
+            self.step += 1
+            return k
+
+    def _emit(self, step: int, event: dict[str, Any]) -> None:
+        """Write events in step order even if an agent overlaps two steps."""
+        if self.writer is None:
+            return
+        with self._tool_lock:
+            self._pending[step] = event
+            while self._next_emit in self._pending:
+                self.writer.append_event(self._pending.pop(self._next_emit))
+                self._next_emit += 1
+
+    def _diverge(self, step: int, reason: str, expected: Any = None, observed: Any = None) -> None:
+        diffs = (
+            json_diff(expected, observed) if expected is not None or observed is not None else []
+        )
+        error = DivergenceError(step, reason, diffs)
+        if self.divergence is None:
+            self.divergence = error
+            log.info("divergence", step=step, reason=reason)
+        raise error
+
+    def _recorded(self, step: int) -> LlmEvent | ToolEvent | None:
+        return self.recorded_steps[step] if step < len(self.recorded_steps) else None
+
+    # -- model calls -----------------------------------------------------------------
+
+    def exchange_from_thread(self, request: WireRequest) -> WireResponse:
+        """The sync transport's entry: hop onto the run's event loop and wait."""
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:
+            raise RuntimeError(
+                "a sync client was used inside an async agent; use ctx.async_openai() / "
+                "ctx.async_anthropic() / ctx.async_http_client there"
+            )
+        return asyncio.run_coroutine_threadsafe(self.exchange(request), self.loop).result()
+
+    async def exchange(self, request: WireRequest) -> WireResponse:
+        async with self._lock:
+            k = self._allocate()
+            return await self._exchange(k, request)
+
+    async def _exchange(self, k: int, request: WireRequest) -> WireResponse:
+        path = urlsplit(request.url).path
+        body = _json_or_none(request.body)
+        if self.recording:
+            response = await self._live(k, request, body, record=True)
+            return response
+        recorded = self._recorded(k)
+        iv = self.plan.interventions.get(k)
+        if k < self.plan.first:
+            if not isinstance(recorded, LlmEvent):
+                what = "nothing more" if recorded is None else f"tool {recorded.name!r}"
+                self._diverge(k, f"the agent made a model call ({path}) where the tape has {what}")
+                raise AssertionError  # unreachable: _diverge raises
+            observed = body if body is not None else request.body.decode("utf-8", "replace")
+            if recorded.request.path != path:
+                self._diverge(
+                    k, "the request went to another endpoint", recorded.request.path, path
+                )
+            if digest_of(observed) != recorded.request.sha256:
+                self._diverge(
+                    k,
+                    "the request differs from the recorded one",
+                    recorded.request.body,
+                    observed,
+                )
+            return self._serve(k, recorded, "replay")
+        if iv is not None:
+            if isinstance(iv, ReplaceObservation):
+                raise InterventionError(
+                    f"step {k} is a model call: 'observation' replaces tool results; "
+                    "use 'action' to force a model's response"
+                )
+            if isinstance(iv, ForceAction):
+                return self._forced(k, request, body, path, iv)
+            if isinstance(iv, EditContext):
+                if body is None:
+                    raise InterventionError(f"step {k}: the request body is not JSON to edit")
+                edited = iv.apply(body)
+                request = WireRequest(
+                    request.method, request.url, request.headers, canonical_bytes(edited)
+                )
+                return await self._live(k, request, edited)
+            if isinstance(iv, SwapPolicy):
+                self.swap = iv
+            assert isinstance(iv, Resample | SwapPolicy)
+            return await self._live(k, request, body)
+        if (
+            self.plan.tail == "pinned"
+            and isinstance(recorded, LlmEvent)
+            and recorded.request.path == path
+        ):
+            return self._serve(k, recorded, "pinned")
+        return await self._live(k, request, body)
+
+    def _serve(self, k: int, recorded: LlmEvent, source: Source) -> WireResponse:
+        self.trajectory.append(llm_entry(k, _llm_fields(recorded), source))
+        return WireResponse(
+            recorded.response.status,
+            tuple(recorded.response.headers.items()),
+            recorded.response.body_bytes,
+        )
+
+    def _forced(
+        self, k: int, request: WireRequest, body: Any, path: str, iv: ForceAction
+    ) -> WireResponse:
+        codec = codec_for_path(path)
+        if codec is None or body is None:
+            raise InterventionError(f"step {k}: 'action' needs a known provider endpoint")
+        chat = codec.parse_request(body)
+        if iv.body is not None:
+            if chat.stream:
+                raise InterventionError(
+                    f"step {k} streams its response: force it with 'text' / 'tool_calls', "
+                    "not a whole 'body'"
+                )
+            data = canonical_bytes(iv.body)
+            action, _ = codec.parse_response(data, False)
+        else:
+            action = iv.action()
+            data = codec.render_response(
+                chat, action, Usage(), f"forced-{sha256_hex(canonical_bytes(body))[:16]}"
+            )
+        content_type = "text/event-stream" if chat.stream else "application/json"
+        self.trajectory.append(
+            llm_entry(
+                k,
+                {
+                    "provider": codec.provider,
+                    "model": chat.model,
+                    "status": 200,
+                    "action": action.to_json(),
+                },
+                "forced",
+            )
+        )
+        return WireResponse(200, (("content-type", content_type),), data)
+
+    async def _live(
+        self, k: int, request: WireRequest, body: Any, *, record: bool = False
+    ) -> WireResponse:
+        if self.upstream is None:
+            # A replay has no network path: an unrecorded request is an error, never a call.
+            self._diverge(k, "the run needs a live call but has no live provider (replay only)")
+        assert self.upstream is not None
+        codec = codec_for_path(urlsplit(request.url).path)
+        if self.swap is not None and codec is not None and body is not None:
+            if self.swap.model is not None:
+                body = {**body, "model": self.swap.model}
+            url = request.url
+            if self.swap.base_url is not None:
+                base = self.base_urls.get(codec.provider, "")
+                if base and url.startswith(base):
+                    url = self.swap.base_url.rstrip("/") + url[len(base.rstrip("/")) :]
+            request = WireRequest(request.method, url, request.headers, canonical_bytes(body))
+        headers = (
+            *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
+            (SEED_HEADER, str(step_seed(self.seed, k))),
+        )
+        response = await self.upstream.send(
+            WireRequest(request.method, request.url, headers, request.body)
+        )
+        stream = bool(isinstance(body, dict) and body.get("stream"))
+        action: Action | None = None
+        usage = Usage()
+        if codec is not None and response.status == 200:
+            try:
+                action, usage = codec.parse_response(response.body, stream)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("unparsed_response", step=k, error=str(exc))
+        model = str(body.get("model", "")) if isinstance(body, dict) else ""
+        fields = {
+            "provider": codec.provider if codec else "http",
+            "model": model,
+            "status": response.status,
+            "action": action.to_json() if action else None,
+        }
+        self.trajectory.append(llm_entry(k, fields, "live"))
+        self.spend.retries += response.retries
+        if not record:
+            self.spend.tail_calls += 1
+            self.spend.tokens_in += usage.input_tokens
+            self.spend.tokens_out += usage.output_tokens
+            self.spend.cost_usd += self.prices.cost_usd(model, usage)
+            return response
+        text: str | None
+        try:
+            text = response.body.decode("utf-8")
+            b64 = None
+        except UnicodeDecodeError:
+            text, b64 = None, base64.b64encode(response.body).decode()
+        observed = body if body is not None else request.body.decode("utf-8", "replace")
+        self._emit(
+            k,
+            {
+                "type": "llm",
+                "step": k,
+                **{f: fields[f] for f in ("provider", "model", "action")},
+                "request": {
+                    "method": request.method,
+                    "path": urlsplit(request.url).path,
+                    "headers": {
+                        n.lower(): v
+                        for n, v in request.headers
+                        if n.lower() in TAPE_REQUEST_HEADERS
+                    },
+                    "body": observed,
+                    "sha256": digest_of(observed),
+                },
+                "response": {
+                    "status": response.status,
+                    "headers": {
+                        n.lower(): v
+                        for n, v in response.headers
+                        if n.lower() in TAPE_RESPONSE_HEADERS
+                    },
+                    "stream": stream,
+                    "body_text": text,
+                    "body_b64": b64,
+                    "sha256": sha256_hex(response.body),
+                },
+                "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
+                "retries": response.retries,
+                "latency_s": round(response.latency_s, 6),
+            },
+        )
+        return response
+
+    # -- tool calls ------------------------------------------------------------------
+
+    def tool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        effect: bool,
+    ) -> Any:
+        arguments = _tool_arguments(name, args, kwargs)
+        k = self._allocate()
+        decision = self._decide_tool(k, name, arguments, effect)
+        if decision is not None:
+            return self._finish_tool(k, decision)
+        started = time.perf_counter()
+        try:
+            value = fn(*args, **kwargs)
+        except Exception as exc:
+            self._ran_tool(k, name, arguments, effect, None, exc, started)
+            raise
+        # The agent gets the value as a replay will serve it, so both runs see the same.
+        return self._ran_tool(k, name, arguments, effect, value, None, started)
+
+    async def atool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        effect: bool,
+    ) -> Any:
+        arguments = _tool_arguments(name, args, kwargs)
+        async with self._lock:
+            k = self._allocate()
+            decision = self._decide_tool(k, name, arguments, effect)
+            if decision is not None:
+                return self._finish_tool(k, decision)
+            started = time.perf_counter()
+            try:
+                value = await fn(*args, **kwargs)
+            except Exception as exc:
+                self._ran_tool(k, name, arguments, effect, None, exc, started)
+                raise
+            return self._ran_tool(k, name, arguments, effect, value, None, started)
+
+    def _decide_tool(
+        self, k: int, name: str, arguments: dict[str, Any], effect: bool
+    ) -> tuple[ToolEvent, Source] | None:
+        """None: run the tool. Otherwise the event to serve instead, and why."""
+        if self.recording:
+            return None
+        recorded = self._recorded(k)
+        iv = self.plan.interventions.get(k)
+        if k < self.plan.first:
+            if not isinstance(recorded, ToolEvent):
+                what = "nothing more" if recorded is None else "a model call"
+                self._diverge(k, f"the agent called tool {name!r} where the tape has {what}")
+                raise AssertionError
+            if recorded.name != name:
+                self._diverge(k, "the agent called another tool", recorded.name, name)
+            if digest_of(recorded.arguments) != digest_of(arguments):
+                self._diverge(
+                    k, f"tool {name!r} got other arguments", recorded.arguments, arguments
+                )
+            return recorded, "replay"
+        if iv is not None:
+            if isinstance(iv, ReplaceObservation):
+                error = ToolError(type="ToolFailed", message=iv.error) if iv.error else None
+                replaced = ToolEvent(
+                    step=k,
+                    name=name,
+                    arguments=arguments,
+                    effect=effect,
+                    result=None if error else iv.result,
+                    error=error,
+                    prev="",
+                )
+                return replaced, "forced"
+            if isinstance(iv, ForceAction | EditContext):
+                raise InterventionError(
+                    f"step {k} is tool {name!r}: '{iv.kind}' applies to model calls; "
+                    "use 'observation' to replace a tool's result"
+                )
+            if isinstance(iv, SwapPolicy):
+                self.swap = iv
+            else:
+                return self._live_tool(k, name, arguments, effect)
+        if self.plan.tail == "pinned" and isinstance(recorded, ToolEvent) and recorded.name == name:
+            return recorded, "pinned"
+        return self._live_tool(k, name, arguments, effect)
+
+    def _live_tool(
+        self, k: int, name: str, arguments: dict[str, Any], effect: bool
+    ) -> tuple[ToolEvent, Source] | None:
+        if not effect:
+            return None
+        # An effectful tool never runs outside a recording: serve a recorded call with the
+        # same arguments, or end the fork.
+        for event in self.recorded_steps:
+            if (
+                isinstance(event, ToolEvent)
+                and event.step not in self._used_effects
+                and event.name == name
+                and digest_of(event.arguments) == digest_of(arguments)
+            ):
+                self._used_effects.add(event.step)
+                return event, "replay"
+        blocked = ToolEvent(step=k, name=name, arguments=arguments, effect=True, prev="")
+        return blocked, "blocked"
+
+    def _finish_tool(self, k: int, decision: tuple[ToolEvent, Source]) -> Any:
+        event, source = decision
+        self.trajectory.append(tool_entry(k, event, source))
+        if source == "blocked":
+            self.blocked = event.name
+            log.info("effect_blocked", step=k, tool=event.name)
+            raise EffectBlocked(f"step {k}: effectful tool {event.name!r} blocked in a fork")
+        if event.error is not None:
+            cls = getattr(builtins, event.error.type, None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                try:
+                    raise cls(event.error.message)
+                except TypeError:
+                    pass
+            raise ToolFailed(event.error.type, event.error.message)
+        return event.result
+
+    def _ran_tool(
+        self,
+        k: int,
+        name: str,
+        arguments: dict[str, Any],
+        effect: bool,
+        value: Any,
+        exc: Exception | None,
+        started: float,
+    ) -> Any:
+        if exc is None:
+            try:
+                result = json_roundtrip(value)
+            except (TypeError, ValueError) as bad:
+                raise TypeError(
+                    f"tool {name!r} returned a value that is not JSON ({bad}); "
+                    "return plain data from tools"
+                ) from None
+            error = None
+        else:
+            result, error = None, ToolError(type=type(exc).__name__, message=str(exc))
+        event = ToolEvent(
+            step=k,
+            name=name,
+            arguments=arguments,
+            effect=effect,
+            result=result,
+            error=error,
+            latency_s=round(time.perf_counter() - started, 6),
+            prev="",
+        )
+        self.trajectory.append(tool_entry(k, event, "live"))
+        self._emit(k, event.model_dump(mode="json", exclude={"prev"}))
+        return result
+
+    # -- nondeterminism ----------------------------------------------------------------
+
+    def nondet(self, kind: Literal["now", "uuid4", "random"], draw: Callable[[], Any]) -> Any:
+        if self.recording:
+            value = draw()
+            assert self.writer is not None
+            self.writer.append_event({"type": "nondet", "kind": kind, "value": value})
+            return value
+        assert self.tape is not None
+        cursor = self._nondet_cursor.get(kind, 0)
+        self._nondet_cursor[kind] = cursor + 1
+        recorded = [e.value for e in self.tape.nondet if e.kind == kind]
+        if cursor < len(recorded):
+            return recorded[cursor]
+        # Past the tape, draws are fresh but seeded: the same fork draws the same values.
+        if kind == "random":
+            return self._rng.random()
+        if kind == "uuid4":
+            return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+        last = float(recorded[-1]) if recorded else 1_767_225_600.0
+        return last + 0.001 * (cursor - len(recorded) + 1)

@@ -1,0 +1,271 @@
+"""The simulated provider as a plain ASGI app: OpenAI and Anthropic endpoints over one policy."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+import random
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+from car_ray.providers import (
+    ChatRequest,
+    Codec,
+    ProviderFormatError,
+    ProviderName,
+    codec_for_path,
+    estimate_usage,
+)
+
+from ._policy import (
+    PolicyError,
+    ScenarioPolicy,
+    distribution_of,
+    draw,
+    policy_name,
+    uniform_for_seed,
+)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+STATS_PATH = "/_car_ray/stats"
+SEED_HEADER = "x-car-ray-seed"
+
+_ID_PREFIX: dict[ProviderName, str] = {"openai": "chatcmpl-", "anthropic": "msg_"}
+# Error `type`s as each provider spells them, by status.
+_OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "requests"}
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_body(provider: ProviderName | None, status: int, message: str) -> bytes:
+    """A JSON error body shaped the way `provider`'s SDK expects (OpenAI's shape when unknown)."""
+    if provider == "anthropic":
+        kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        data: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        kind = _OPENAI_ERROR_TYPES.get(status, "server_error")
+        code = "rate_limit_exceeded" if status == 429 else None
+        data = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return json.dumps(data, separators=(",", ":")).encode()
+
+
+class SimApp:
+    """An ASGI app answering chat requests from `policy`, with optional latency, 429s and 5xx.
+
+    Faults come from an RNG seeded by `fault_seed`, independent of the action draw; a request
+    carrying `x-car-ray-seed: N` gets the action at `uniform_for_seed(N)`, so equal seeds give
+    equal actions (common random numbers across forks). Counters are public attributes.
+    """
+
+    def __init__(
+        self,
+        policy: ScenarioPolicy,
+        *,
+        latency_s: float = 0.0,
+        rate_429: float = 0.0,
+        rate_5xx: float = 0.0,
+        retry_after_s: float = 0.05,
+        fault_seed: int = 0,
+    ) -> None:
+        if not isinstance(policy, ScenarioPolicy):
+            raise PolicyError(
+                f"{policy_name(policy)} is not a scenario policy: it needs a method "
+                "distribution(request) -> [(probability, Action), ...]"
+            )
+        if not (0.0 <= rate_429 <= 1.0 and 0.0 <= rate_5xx <= 1.0 and rate_429 + rate_5xx <= 1.0):
+            raise ValueError(
+                f"rate_429={rate_429} and rate_5xx={rate_5xx} must lie in [0, 1] "
+                "and sum to at most 1"
+            )
+        if latency_s < 0 or not math.isfinite(latency_s):
+            raise ValueError(f"latency_s must be a finite number >= 0, got {latency_s}")
+        if retry_after_s <= 0 or not math.isfinite(retry_after_s):
+            raise ValueError(f"retry_after_s must be a finite number > 0, got {retry_after_s}")
+        self.policy = policy
+        self.latency_s = latency_s
+        self.rate_429 = rate_429
+        self.rate_5xx = rate_5xx
+        self.retry_after_s = retry_after_s
+        # Two streams so that turning faults on or off never shifts which actions are drawn.
+        self._fault_rng = random.Random(f"car-ray/sim/faults/{fault_seed}")
+        self._action_rng = random.Random(f"car-ray/sim/actions/{fault_seed}")
+        self.requests = 0
+        self.served = 0
+        self.rate_limited = 0
+        self.faults = 0
+        self.errors = 0
+        self.by_provider: dict[str, int] = {"openai": 0, "anthropic": 0}
+
+    def stats(self) -> dict[str, Any]:
+        """The counters as served at GET /_car_ray/stats."""
+        return {
+            "requests": self.requests,
+            "served": self.served,
+            "rate_limited": self.rate_limited,
+            "faults": self.faults,
+            "errors": self.errors,
+            "by_provider": dict(self.by_provider),
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if method == "GET" and path == STATS_PATH:
+            await _respond(send, 200, json.dumps(self.stats()).encode())
+            return
+        codec = codec_for_path(path) if method == "POST" else None
+        if codec is None:
+            message = f"car-ray sim has no route {method} {path}: POST .../chat/completions, "
+            message += f"POST .../messages or GET {STATS_PATH}"
+            await _respond(send, 404, error_body(None, 404, message))
+            return
+        body = await _read_body(receive)
+        status, headers, payload = await self._chat(codec, _headers(scope), body)
+        await _respond(send, status, payload, headers)
+
+    async def _chat(
+        self, codec: Codec, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One chat exchange: (status, extra headers, body); content-type included for 200."""
+        provider = codec.provider
+        self.requests += 1
+        self.by_provider[provider] += 1
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+
+        fault = self._fault_rng.random()
+        if fault < self.rate_429:
+            self.rate_limited += 1
+            retry = [
+                # The standard header is whole seconds; the SDKs prefer the precise one.
+                ("retry-after", str(max(1, math.ceil(self.retry_after_s)))),
+                ("retry-after-ms", str(max(1, round(self.retry_after_s * 1000)))),
+            ]
+            return 429, retry, error_body(provider, 429, "simulated rate limit: retry later")
+        if fault < self.rate_429 + self.rate_5xx:
+            self.faults += 1
+            # The 5xx band's lower half is a 500, the upper a 503: one draw per request.
+            status = 500 if fault < self.rate_429 + self.rate_5xx / 2 else 503
+            return status, [], error_body(provider, status, f"simulated server fault ({status})")
+
+        try:
+            request = _parse(codec, body)
+            seed = _seed(headers)
+        except ProviderFormatError as exc:
+            self.errors += 1
+            return 400, [], error_body(provider, 400, str(exc))
+
+        try:
+            distribution = distribution_of(self.policy, request)
+            u = uniform_for_seed(seed) if seed is not None else self._action_rng.random()
+            action = draw(distribution, u)
+            usage = estimate_usage(request, action)
+            rendered = codec.render_response(
+                request, action, usage, self._response_id(provider, seed, body)
+            )
+        except PolicyError as exc:
+            self.errors += 1
+            return 500, [], error_body(provider, 500, str(exc))
+        except Exception as exc:  # a user's policy may raise anything: report it, keep serving
+            self.errors += 1
+            message = f"scenario policy {policy_name(self.policy)} failed: "
+            message += f"{type(exc).__name__}: {exc}"
+            return 500, [], error_body(provider, 500, message)
+        self.served += 1
+        content_type = "text/event-stream" if request.stream else "application/json"
+        return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
+
+    def _response_id(self, provider: ProviderName, seed: int | None, body: bytes) -> str:
+        """Seeded: a hash of seed and body, so a rerun reproduces it; unseeded: the server RNG."""
+        if seed is None:
+            suffix = f"{self._action_rng.getrandbits(96):024x}"
+        else:
+            body_digest = hashlib.sha256(body).hexdigest()
+            suffix = hashlib.sha256(f"{seed}:{body_digest}".encode()).hexdigest()[:24]
+        return _ID_PREFIX[provider] + suffix
+
+
+def _parse(codec: Codec, body: bytes) -> ChatRequest:
+    """The body as the codec's request, every malformation as a ProviderFormatError."""
+    try:
+        payload = json.loads(body)
+    except ValueError as exc:
+        raise ProviderFormatError(f"{codec.provider} request body is not JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ProviderFormatError(f"{codec.provider} request body must be a JSON object")
+    try:
+        return codec.parse_request(payload)
+    except ProviderFormatError:
+        raise
+    except (KeyError, TypeError, AttributeError) as exc:
+        # The codecs index into the body freely; a missing or mistyped field lands here.
+        raise ProviderFormatError(
+            f"{codec.provider} request body is malformed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _seed(headers: dict[str, str]) -> int | None:
+    value = headers.get(SEED_HEADER)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ProviderFormatError(
+            f"header {SEED_HEADER} must be an integer, got {value!r}"
+        ) from None
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def _read_body(receive: Receive) -> bytes:
+    parts: list[bytes] = []
+    while True:
+        message = await receive()
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    names = {name for name, _ in headers}
+    all_headers = list(headers)
+    if "content-type" not in names:
+        all_headers.append(("content-type", "application/json"))
+    all_headers.append(("content-length", str(len(body))))
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in all_headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return
