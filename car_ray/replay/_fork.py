@@ -328,6 +328,11 @@ class ForkRunner:
 
     async def run(self, spec: ForkSpec) -> ForkRow:
         """Run one fork and return its row; failures are in the row, not raised."""
+        row, _ = await self.fork(spec)
+        return row
+
+    async def fork(self, spec: ForkSpec) -> tuple[ForkRow, list[dict[str, Any]]]:
+        """Run one fork: its row and the trajectory the scorer saw."""
         self.check(spec)
         tape = self.tape(spec.tape_id)
         recorded = self.recorded_outcome(spec.tape_id)
@@ -360,7 +365,7 @@ class ForkRunner:
                 status = "error"
                 error = (error + "; " if error else "") + f"scorer failed: {exc}"
         spend = run.spend
-        return ForkRow(
+        row = ForkRow(
             task_id=spec.task_id,
             tape_id=spec.tape_id,
             status=status,
@@ -381,6 +386,7 @@ class ForkRunner:
             blocked_effect=run.blocked,
             error=error,
         )
+        return row, run.trajectory
 
     async def aclose(self) -> None:
         await self._engine.aclose()

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
-from ..providers import Action, PriceTable, Usage, codec_for_path
+from ..providers import Action, PriceTable, Usage, codec_for_path, estimate_usage
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
 from ._divergence import DivergenceError, json_diff
 from ._interventions import (
@@ -387,6 +387,10 @@ class Run:
         if codec is not None and response.status == 200:
             try:
                 action, usage = codec.parse_response(response.body, stream)
+                if usage == Usage() and isinstance(body, dict):
+                    # A stream without usage (openai without include_usage): estimate, so
+                    # that the budget never counts a real call as free.
+                    usage = estimate_usage(codec.parse_request(body), action)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("unparsed_response", step=k, error=str(exc))
         model = str(body.get("model", "")) if isinstance(body, dict) else ""

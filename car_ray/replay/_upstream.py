@@ -107,9 +107,14 @@ class AiohttpUpstream(_RetryingUpstream):
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
     async def _once(self, request: WireRequest) -> WireResponse:
-        if self._session is None:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session_loop is not loop:
+            # A session belongs to the loop it was made on; a runner reused from another
+            # loop (one asyncio.run per call) gets a fresh pool there.
+            self._session_loop = loop
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._max_connections),
                 timeout=self._timeout,

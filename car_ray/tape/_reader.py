@@ -133,8 +133,8 @@ def load_tape(path: Path | str) -> Tape:
             raise TapeError(
                 path,
                 number,
-                "hash chain broken: 'prev' does not match the digest of the lines before it "
-                "(the tape was edited, or lines were reordered or removed)",
+                f"hash chain broken: 'prev' does not match the digest of line {number - 1} "
+                f"(line {number - 1} or {number} was edited, or lines were reordered or removed)",
             )
         if value.get("type") == "seal":
             try:

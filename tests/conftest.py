@@ -1,0 +1,58 @@
+"""Shared test set-up: the demo job, its simulated provider, and a recorded tape."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from car_ray.job import Job, load_job
+from car_ray.replay import BaseUrls, record
+from car_ray.sim import SimServer
+from car_ray.tape import Tape
+
+ROOT = Path(__file__).resolve().parents[1]
+SUPPORT_JOB = ROOT / "jobs" / "support_refund" / "job.toml"
+RESEARCH_JOB = ROOT / "jobs" / "research_async" / "job.toml"
+T = TypeVar("T")
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+@pytest.fixture(scope="session")
+def support_job() -> Job:
+    return load_job(SUPPORT_JOB)
+
+
+@pytest.fixture(scope="session")
+def support_sim(support_job: Job) -> Iterator[SimServer]:
+    with SimServer(support_job.load("policy")) as sim:
+        yield sim
+
+
+@pytest.fixture(scope="session")
+def support_tape(
+    support_job: Job, support_sim: SimServer, tmp_path_factory: pytest.TempPathFactory
+) -> Tape:
+    """The demo's failure: recorded once per session with the job's seed (a wrongful refund)."""
+    path = tmp_path_factory.mktemp("tapes") / "support.tape"
+    tape, outcome = run(
+        record(
+            support_job.load("agent"),
+            support_job.spec.agent,
+            support_job.spec.input,
+            path,
+            base_urls=BaseUrls.for_server(support_sim.url),
+            seed=support_job.spec.seed,
+        )
+    )
+    assert outcome.error is None
+    return tape
