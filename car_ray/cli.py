@@ -150,35 +150,34 @@ def _steps_table(tape: Tape) -> Table:
 
 
 def _rows_table(rows: list[ForkRow], title: str) -> Table:
+    """Many forks, one line each: the columns that fit a terminal."""
     table = Table(title=title)
-    for column in (
-        "steps",
-        "do",
-        "tail",
-        "seed",
-        "status",
-        "outcome",
-        "flipped",
-        "calls",
-        "tokens",
-        "cost $",
-        "latency s",
-    ):
+    for column in ("steps", "do", "seed", "status", "outcome", "flipped", "calls", "cost $"):
         table.add_column(column)
     for row in rows:
         table.add_row(
             ",".join(map(str, row.steps_intervened)),
             ",".join(row.interventions),
-            row.tail,
             str(row.seed),
-            row.status + (f" ({row.blocked_effect})" if row.blocked_effect else ""),
+            row.status,
             "-" if row.outcome is None else f"{row.outcome:.2f}",
             "-" if row.flipped is None else ("yes" if row.flipped else "no"),
             str(row.tail_calls),
-            f"{row.tokens_in}/{row.tokens_out}",
             f"{row.cost_usd:.6f}",
-            f"{row.latency_s:.3f}",
         )
+    return table
+
+
+def _row_table(row: ForkRow) -> Table:
+    """One fork, one field a line."""
+    table = Table(title=f"fork {row.task_id}")
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in row.model_dump().items():
+        if value is not None:
+            table.add_row(
+                key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+            )
     return table
 
 
@@ -314,7 +313,7 @@ def fork_cmd(
     if as_json:
         print(row.model_dump_json(indent=2))
     else:
-        console.print(_rows_table([row], f"fork {row.task_id}"))
+        console.print(_row_table(row))
         if row.divergence or row.error:
             err.print(row.divergence or row.error)
 

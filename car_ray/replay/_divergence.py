@@ -22,6 +22,21 @@ def _preview(value: Any, limit: int = 120) -> str:
 _MISSING = object()
 
 
+def _string_window(a: str, b: str, context: int = 40) -> tuple[str, str]:
+    """Both strings around where they first differ, so a long prompt's edit is visible."""
+    start = 0
+    while start < min(len(a), len(b)) and a[start] == b[start]:
+        start += 1
+    lead = max(0, start - context)
+    prefix = "…" if lead else ""
+
+    def cut(text: str) -> str:
+        window = text[lead : start + context]
+        return json.dumps(prefix + window + ("…" if len(text) > start + context else ""))
+
+    return cut(a), cut(b)
+
+
 def json_diff(expected: Any, observed: Any, path: str = "$", limit: int = 20) -> list[Difference]:
     """Where two JSON values differ, by JSON path, deepest first found, at most `limit`."""
     out: list[Difference] = []
@@ -40,6 +55,9 @@ def json_diff(expected: Any, observed: Any, path: str = "$", limit: int = 20) ->
                     b[i] if i < len(b) else _MISSING,
                     f"{where}[{i}]",
                 )
+            return
+        if isinstance(a, str) and isinstance(b, str):
+            out.append(Difference(where, *_string_window(a, b)))
             return
         out.append(
             Difference(
