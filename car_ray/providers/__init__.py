@@ -6,6 +6,7 @@ from ._anthropic import AnthropicMessagesCodec
 from ._openai import OpenAIChatCodec
 from ._pricing import DEFAULT_PRICING, Price, PriceTable
 from ._types import (
+    SEED_HEADER,
     Action,
     ChatRequest,
     Codec,
@@ -43,6 +44,7 @@ __all__ = [
     "CODECS",
     "DEFAULT_PRICING",
     "OPENAI",
+    "SEED_HEADER",
     "Action",
     "ChatRequest",
     "Codec",

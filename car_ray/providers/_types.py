@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 ProviderName = Literal["openai", "anthropic"]
+# The header by which a fork seeds a live draw (the simulated provider honours it).
+SEED_HEADER = "x-car-ray-seed"
 
 
 class ProviderFormatError(ValueError):

@@ -27,7 +27,6 @@ from ._interventions import (
     SwapPolicy,
 )
 from ._run import (
-    SEED_HEADER,
     EffectBlocked,
     InterventionError,
     Plan,
@@ -40,7 +39,6 @@ from ._upstream import AiohttpUpstream, HttpxUpstream, RetryPolicy, Upstream
 
 __all__ = [
     "INTERVENTION_KINDS",
-    "SEED_HEADER",
     "AgentContext",
     "AgentFn",
     "AiohttpUpstream",

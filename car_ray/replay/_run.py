@@ -24,7 +24,14 @@ from urllib.parse import urlsplit
 import structlog
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
-from ..providers import Action, PriceTable, Usage, codec_for_path, estimate_usage
+from ..providers import (
+    SEED_HEADER,
+    Action,
+    PriceTable,
+    Usage,
+    codec_for_path,
+    estimate_usage,
+)
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
 from ._divergence import DivergenceError, json_diff
 from ._interventions import (
@@ -39,7 +46,6 @@ from ._upstream import Upstream, WireRequest, WireResponse
 
 log = structlog.get_logger("car_ray.replay")
 
-SEED_HEADER = "x-car-ray-seed"
 # Allowlists, not blocklists: nothing else of a request or response reaches a tape, so
 # API keys and auth headers (authorization, x-api-key, cookies, ...) never do.
 TAPE_REQUEST_HEADERS = frozenset({"content-type", "accept", "anthropic-version", "anthropic-beta"})

@@ -16,11 +16,10 @@ from ._policy import (
     uniform_for_seed,
 )
 from ._run import READY_PREFIX, SimProcess, SimServer, serve
-from ._server import SEED_HEADER, STATS_PATH, SimApp, error_body
+from ._server import STATS_PATH, SimApp, error_body
 
 __all__ = [
     "READY_PREFIX",
-    "SEED_HEADER",
     "STATS_PATH",
     "Distribution",
     "PolicyError",

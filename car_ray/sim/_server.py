@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from car_ray.providers import (
+    SEED_HEADER,
     ChatRequest,
     Codec,
     ProviderFormatError,
@@ -33,7 +34,6 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 STATS_PATH = "/_car_ray/stats"
-SEED_HEADER = "x-car-ray-seed"
 
 _ID_PREFIX: dict[ProviderName, str] = {"openai": "chatcmpl-", "anthropic": "msg_"}
 # Error `type`s as each provider spells them, by status.
