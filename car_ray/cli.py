@@ -236,9 +236,7 @@ def replay_cmd(
     runner = ForkRunner(
         job.load("agent"),
         job.load("scorer"),
-        base_urls=BaseUrls(**tape.header.provider)
-        if set(tape.header.provider) == {"openai", "anthropic"}
-        else BaseUrls.for_server("http://127.0.0.1:9"),
+        base_urls=BaseUrls.recorded_in(tape),
     )
     runner.add_tape(tape)
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .._canon import canonical_bytes, digest_of
 from ..providers import PriceTable
-from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent
+from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent, load_tape
 from ._context import AgentContext
 from ._divergence import DivergenceError
 from ._interventions import EditContext, ForceAction, Intervention, ReplaceObservation
@@ -107,6 +107,17 @@ class BaseUrls:
         return {"openai": self.openai, "anthropic": self.anthropic}
 
     @classmethod
+    def recorded_in(cls, tape: Tape) -> BaseUrls:
+        """The base URLs the tape was recorded with: a replay asks for the same paths (and
+        never connects, so the host does not matter)."""
+        fallback = cls.for_server("http://127.0.0.1:9")
+        urls = tape.header.provider
+        return cls(
+            openai=urls.get("openai", fallback.openai),
+            anthropic=urls.get("anthropic", fallback.anthropic),
+        )
+
+    @classmethod
     def for_server(cls, url: str) -> BaseUrls:
         """The base URLs the SDKs want for one server speaking both protocols."""
         url = url.rstrip("/")
@@ -156,9 +167,10 @@ class _Engine:
             error = exc
         return RunResult(result, error, run, time.perf_counter() - started, run.trajectory)
 
-    async def aclose(self) -> None:
+    async def aclose(self, *, upstream: bool = True) -> None:
+        """Stop the agent threads and, unless the caller owns it, close the upstream."""
         self._threads.shutdown(wait=False, cancel_futures=True)
-        if self.upstream is not None:
+        if upstream and self.upstream is not None:
             await self.upstream.aclose()
 
 
@@ -202,18 +214,13 @@ async def record(
     try:
         outcome = await engine.execute(run, input)
     finally:
-        if owned:
-            await engine.aclose()
-        else:
-            engine._threads.shutdown(wait=False)
+        await engine.aclose(upstream=owned)
     error = (
         ToolError(type=type(outcome.error).__name__, message=str(outcome.error))
         if outcome.error is not None
         else None
     )
     writer.seal(outcome.result, error)
-    from ..tape import load_tape
-
     return load_tape(path), outcome
 
 
