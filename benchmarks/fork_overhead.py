@@ -1,0 +1,447 @@
+"""Fork throughput and per-fork CPU cost in one process, for each live upstream.
+
+Resample forks of the demo tape (jobs/support_refund) run against the simulated provider in a
+child process, at 0 ms and 50 ms of simulated latency, with 1, 8, 32 and 128 forks in flight,
+through `AiohttpUpstream` (the default) and `HttpxUpstream` side by side.
+
+    .venv/bin/python benchmarks/fork_overhead.py [--quick] [--out benchmarks/results]
+
+Prints a table and writes `fork_overhead.json` and `fork_overhead.csv` to `--out`. Exits 1 if
+any fork ended other than "ok", so a broken run cannot pass for a fast one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import importlib
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.console import Console
+from rich.table import Table
+
+from car_ray.job import Job, load_job
+from car_ray.replay import (
+    AiohttpUpstream,
+    BaseUrls,
+    ForkRow,
+    ForkRunner,
+    ForkSpec,
+    HttpxUpstream,
+    Resample,
+    Upstream,
+    record,
+)
+from car_ray.sim import SimProcess
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB_FILE = ROOT / "jobs" / "support_refund" / "job.toml"
+DEFAULT_OUT = ROOT / "benchmarks" / "results"
+
+UpstreamName = Literal["aiohttp", "httpx"]
+UPSTREAMS: dict[UpstreamName, Callable[[], Upstream]] = {
+    "aiohttp": AiohttpUpstream,
+    "httpx": HttpxUpstream,
+}
+LATENCIES_MS = (0.0, 50.0)
+WINDOWS = (1, 8, 32, 128)
+# Step 2 (the model's turn after the order lookup) leaves a live tail of 1-3 calls, 2.7 on
+# average: check the policy (p 0.9), then decide, then answer if it refunded. Step 4, the
+# refund decision itself, leaves 1-2 (1.8 on average).
+DEFAULT_STEP = 2
+
+
+def fork_count(latency_ms: float, window: int, quick: bool) -> int:
+    """Forks per cell: the window filled 3-6 times over, ~1-6 s each on 2 cores."""
+    if quick:
+        return max(20, window * 2) if latency_ms == 0 else max(8, window * 2)
+    # One process runs ~70-100 forks/s (CPU-bound); a fork at 50 ms waits ~0.14 s on the
+    # provider, so one in flight manages ~7 forks/s.
+    return max(100, window * 3) if latency_ms == 0 else max(24, window * 4)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One measurement: N forks of one upstream at one latency with `in_flight` kept busy."""
+
+    upstream: UpstreamName
+    latency_ms: float
+    in_flight: int
+    forks: int
+    wall_s: float
+    cpu_s: float
+    server_cpu_s: float | None
+    tail_calls: int
+    server_requests: int
+    not_ok: int
+    statuses: dict[str, int]
+    flipped: int
+
+    @property
+    def forks_per_s(self) -> float:
+        return self.forks / self.wall_s
+
+    @property
+    def cpu_ms_per_fork(self) -> float:
+        return 1000 * self.cpu_s / self.forks
+
+    @property
+    def server_cpu_ms_per_fork(self) -> float | None:
+        return None if self.server_cpu_s is None else 1000 * self.server_cpu_s / self.forks
+
+    @property
+    def tail_calls_per_fork(self) -> float:
+        return self.tail_calls / self.forks
+
+    @property
+    def latency_bound_forks_per_s(self) -> float | None:
+        """What the window allows if only the provider's latency cost time."""
+        if self.latency_ms == 0 or self.tail_calls == 0:
+            return None
+        return self.in_flight / (self.latency_ms / 1000 * self.tail_calls_per_fork)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for name in (
+            "forks_per_s",
+            "cpu_ms_per_fork",
+            "server_cpu_ms_per_fork",
+            "tail_calls_per_fork",
+            "latency_bound_forks_per_s",
+        ):
+            value = getattr(self, name)
+            out[name] = None if value is None else round(value, 4)
+        return out
+
+
+class ServerCpu:
+    """The simulated provider's CPU seconds, read with psutil when it is installed."""
+
+    def __init__(self, sim: SimProcess) -> None:
+        self._process: Any = None
+        try:
+            psutil = importlib.import_module("psutil")
+        except ImportError:
+            return
+        # SimProcess keeps its child private; the pid is all that is needed here.
+        child = getattr(sim, "_process", None)
+        if child is not None:
+            self._process = psutil.Process(child.pid)
+
+    @property
+    def available(self) -> bool:
+        return self._process is not None
+
+    def seconds(self) -> float | None:
+        if self._process is None:
+            return None
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+
+def specs(tape_id: str, step: int, count: int) -> Iterator[ForkSpec]:
+    for seed in range(count):
+        yield ForkSpec(tape_id=tape_id, interventions={step: Resample()}, tail="live", seed=seed)
+
+
+async def run_window(runner: ForkRunner, forks: Iterator[ForkSpec], window: int) -> list[ForkRow]:
+    """Run every fork with exactly `window` in flight until the iterator runs out."""
+    rows: list[ForkRow] = []
+
+    async def lane() -> None:
+        # The iterator is shared: each lane takes the next fork as soon as its last ends.
+        for spec in forks:
+            rows.append(await runner.run(spec))
+
+    await asyncio.gather(*(lane() for _ in range(window)))
+    return rows
+
+
+async def measure(
+    runner: ForkRunner,
+    sim: SimProcess,
+    server_cpu: ServerCpu,
+    *,
+    upstream: UpstreamName,
+    latency_ms: float,
+    tape_id: str,
+    step: int,
+    window: int,
+    count: int,
+) -> Cell:
+    # Warm up outside the clock: connections open, agent threads start, lazy imports happen.
+    warm = max(window, 8)
+    await run_window(runner, specs(tape_id, step, warm), warm)
+    served_before = sim.requests_served
+    server_before = server_cpu.seconds()
+    cpu_before = time.process_time()
+    wall_before = time.perf_counter()
+    rows = await run_window(runner, specs(tape_id, step, count), window)
+    wall_s = time.perf_counter() - wall_before
+    cpu_s = time.process_time() - cpu_before
+    server_after = server_cpu.seconds()
+    server_requests = sim.requests_served - served_before
+    statuses: Counter[str] = Counter(row.status for row in rows)
+    tail_calls = sum(row.tail_calls for row in rows)
+    return Cell(
+        upstream=upstream,
+        latency_ms=latency_ms,
+        in_flight=window,
+        forks=len(rows),
+        wall_s=wall_s,
+        cpu_s=cpu_s,
+        server_cpu_s=(
+            None if server_before is None or server_after is None else server_after - server_before
+        ),
+        tail_calls=tail_calls,
+        server_requests=server_requests,
+        not_ok=len(rows) - statuses.get("ok", 0),
+        statuses=dict(statuses),
+        flipped=sum(1 for row in rows if row.flipped),
+    )
+
+
+async def bench_latency(
+    job: Job,
+    latency_ms: float,
+    *,
+    upstreams: Sequence[UpstreamName],
+    windows: Sequence[int],
+    step: int,
+    quick: bool,
+    scratch: Path,
+    console: Console,
+) -> list[Cell]:
+    agent = job.load("agent")
+    scorer = job.load("scorer")
+    assert job.spec.policy is not None
+    cells: list[Cell] = []
+    with SimProcess(
+        job.spec.policy, latency_s=latency_ms / 1000, search_path=job.search_path
+    ) as sim:
+        base_urls = BaseUrls.for_server(sim.url)
+        tape, recorded = await record(
+            agent,
+            job.spec.agent,
+            job.spec.input,
+            scratch / f"support_refund-{latency_ms:g}ms.tape",
+            base_urls=base_urls,
+            seed=job.spec.seed,
+        )
+        if recorded.error is not None:
+            raise RuntimeError(f"recording the demo tape failed: {recorded.error!r}")
+        server_cpu = ServerCpu(sim)
+        for name in upstreams:
+            runner = ForkRunner(agent, scorer, base_urls=base_urls, upstream=UPSTREAMS[name]())
+            try:
+                tape_id = runner.add_tape(tape)
+                for window in windows:
+                    count = fork_count(latency_ms, window, quick)
+                    cell = await measure(
+                        runner,
+                        sim,
+                        server_cpu,
+                        upstream=name,
+                        latency_ms=latency_ms,
+                        tape_id=tape_id,
+                        step=step,
+                        window=window,
+                        count=count,
+                    )
+                    console.print(
+                        f"{name:>7} {latency_ms:>4g} ms  W={window:<3} {cell.forks:>4} forks "
+                        f"{cell.wall_s:6.2f} s  {cell.forks_per_s:7.1f} forks/s  "
+                        f"{cell.cpu_ms_per_fork:6.2f} CPU ms/fork  not ok {cell.not_ok}",
+                        highlight=False,
+                    )
+                    cells.append(cell)
+            finally:
+                await runner.aclose()
+    return cells
+
+
+def ratio(cells: Sequence[Cell], cell: Cell) -> float | None:
+    """aiohttp's forks/s over httpx's at the same latency and window."""
+    by_name = {
+        c.upstream: c.forks_per_s
+        for c in cells
+        if c.latency_ms == cell.latency_ms and c.in_flight == cell.in_flight
+    }
+    if "aiohttp" not in by_name or "httpx" not in by_name:
+        return None
+    return by_name["aiohttp"] / by_name["httpx"]
+
+
+def table(cells: Sequence[Cell], step: int) -> Table:
+    with_server = any(c.server_cpu_s is not None for c in cells)
+    out = Table(title=f"Resample forks of the demo tape (step {step}, live tail), one process")
+    for header in ("upstream", "latency ms", "in flight", "forks", "wall s", "forks/s"):
+        out.add_column(header, justify="right")
+    out.add_column("CPU ms/fork", justify="right")
+    if with_server:
+        out.add_column("server CPU ms/fork", justify="right")
+    out.add_column("tail calls/fork", justify="right")
+    out.add_column("aiohttp/httpx", justify="right")
+    out.add_column("not ok", justify="right")
+    ordered = sorted(cells, key=lambda c: (c.latency_ms, c.in_flight, c.upstream))
+    for c in ordered:
+        r = ratio(cells, c)
+        server = c.server_cpu_ms_per_fork
+        values = [
+            c.upstream,
+            f"{c.latency_ms:g}",
+            str(c.in_flight),
+            str(c.forks),
+            f"{c.wall_s:.2f}",
+            f"{c.forks_per_s:.1f}",
+            f"{c.cpu_ms_per_fork:.2f}",
+            *([f"{server:.2f}" if server is not None else "-"] if with_server else []),
+            f"{c.tail_calls_per_fork:.2f}",
+            f"{r:.2f}x" if r is not None and c.upstream == "aiohttp" else "",
+            str(c.not_ok) if c.not_ok == 0 else f"[bold red]{c.not_ok}[/]",
+        ]
+        out.add_row(*values)
+    return out
+
+
+def machine() -> dict[str, Any]:
+    versions: dict[str, str] = {}
+    for module in ("aiohttp", "httpx2", "openai"):
+        try:
+            versions[module] = str(importlib.import_module(module).__version__)
+        except (ImportError, AttributeError):
+            versions[module] = "unknown"
+    return {
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "versions": versions,
+    }
+
+
+def write_results(out: Path, cells: Sequence[Cell], config: dict[str, Any]) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [{**c.as_dict(), "aiohttp_over_httpx": ratio(cells, c)} for c in cells]
+    json_path = out / "fork_overhead.json"
+    payload = {
+        "benchmark": "fork_overhead",
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "config": config,
+        "rows": rows,
+    }
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+    csv_path = out / "fork_overhead.csv"
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "statuses": json.dumps(row["statuses"], sort_keys=True)})
+    return json_path, csv_path
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="fewer forks per cell (~15 s)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the results")
+    parser.add_argument(
+        "--step", type=int, default=DEFAULT_STEP, help="the step to resample (default 2)"
+    )
+    parser.add_argument(
+        "--latencies-ms", type=float, nargs="+", default=list(LATENCIES_MS), metavar="MS"
+    )
+    parser.add_argument("--windows", type=int, nargs="+", default=list(WINDOWS), metavar="W")
+    parser.add_argument(
+        "--upstreams", nargs="+", choices=list(UPSTREAMS), default=list(UPSTREAMS), metavar="NAME"
+    )
+    return parser.parse_args(argv)
+
+
+async def main_async(args: argparse.Namespace, console: Console) -> list[Cell]:
+    job = load_job(JOB_FILE)
+    cells: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="car-ray-bench-") as scratch:
+        for latency_ms in args.latencies_ms:
+            cells += await bench_latency(
+                job,
+                latency_ms,
+                upstreams=args.upstreams,
+                windows=args.windows,
+                step=args.step,
+                quick=args.quick,
+                scratch=Path(scratch),
+                console=console,
+            )
+    return cells
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    if not console.is_terminal:
+        # Piped or captured, rich assumes 80 columns and would truncate the table's headers.
+        console = Console(width=140)
+    started = time.perf_counter()
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if load_before > 0.5:
+        # Forks are CPU-bound in one process: anything else on the machine shows in the figures.
+        console.print(
+            f"[yellow]load average {load_before:.2f} before the run: "
+            "other processes will depress these figures"
+        )
+    cells = asyncio.run(main_async(args, console))
+    console.print(table(cells, args.step))
+    config = {
+        "job": str(JOB_FILE.relative_to(ROOT)),
+        "step": args.step,
+        "intervention": "resample",
+        "tail": "live",
+        "quick": args.quick,
+        "latencies_ms": args.latencies_ms,
+        "windows": args.windows,
+        "upstreams": args.upstreams,
+        "total_s": round(time.perf_counter() - started, 2),
+        "load_average_1m_before": round(load_before, 2),
+    }
+    json_path, csv_path = write_results(args.out, cells, config)
+    console.print(f"wrote {json_path} and {csv_path} in {config['total_s']} s")
+    broken = [c for c in cells if c.not_ok or c.tail_calls == 0]
+    mismatched = [c for c in cells if c.server_requests != c.tail_calls]
+    if mismatched:
+        console.print(
+            "[yellow]the provider served a different number of requests than the forks "
+            "counted as tail calls in: "
+            + ", ".join(
+                f"{c.upstream}/{c.latency_ms:g}ms/W{c.in_flight} "
+                f"({c.server_requests} != {c.tail_calls})"
+                for c in mismatched
+            )
+        )
+    if broken:
+        console.print(
+            "[bold red]not every fork was ok: these figures do not measure working forks: "
+            + ", ".join(
+                f"{c.upstream}/{c.latency_ms:g}ms/W{c.in_flight} {c.statuses}" for c in broken
+            )
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
