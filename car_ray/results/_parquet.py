@@ -1,0 +1,492 @@
+"""Fork rows and attribution tables as Parquet, one explicit schema each, written atomically."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, get_args
+
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import structlog
+
+from ..replay import ForkRow
+
+log = structlog.get_logger("car_ray.results")
+
+Stage = Literal["verify", "controls", "screen", "race", "shapley"]
+StepKind = Literal["llm", "tool"]
+
+FORK_SCHEMA = pa.schema(
+    [
+        # The fork itself (`ForkRow`, in its field order).
+        pa.field("task_id", pa.string(), nullable=False),
+        pa.field("tape_id", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("outcome", pa.float64()),
+        pa.field("recorded_outcome", pa.float64(), nullable=False),
+        pa.field("flipped", pa.bool_()),
+        pa.field("steps_intervened", pa.list_(pa.int32()), nullable=False),
+        pa.field("interventions", pa.list_(pa.string()), nullable=False),
+        pa.field("tail", pa.string(), nullable=False),
+        pa.field("seed", pa.int64(), nullable=False),
+        pa.field("tail_calls", pa.int64(), nullable=False),
+        pa.field("retries", pa.int64(), nullable=False),
+        pa.field("tokens_in", pa.int64(), nullable=False),
+        pa.field("tokens_out", pa.int64(), nullable=False),
+        pa.field("cost_usd", pa.float64(), nullable=False),
+        pa.field("latency_s", pa.float64(), nullable=False),
+        pa.field("divergence", pa.string()),
+        pa.field("blocked_effect", pa.string()),
+        pa.field("error", pa.string()),
+        # Where and how the job ran it.
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("stage", pa.string(), nullable=False),
+        pa.field("spec", pa.string(), nullable=False),
+        pa.field("worker", pa.string()),
+        pa.field("attempt", pa.int32(), nullable=False),
+        pa.field("finished_at", pa.timestamp("us", tz="UTC"), nullable=False),
+    ]
+)
+
+ATTRIBUTION_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int32(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("label", pa.string(), nullable=False),
+        pa.field("intervention", pa.string(), nullable=False),
+        pa.field("flip_rate", pa.float64()),
+        pa.field("flip_lo", pa.float64()),
+        pa.field("flip_hi", pa.float64()),
+        pa.field("flip_n", pa.int64(), nullable=False),
+        pa.field("phi", pa.float64()),
+        pa.field("phi_lo", pa.float64()),
+        pa.field("phi_hi", pa.float64()),
+        pa.field("phi_se", pa.float64()),
+        pa.field("necessity", pa.float64()),
+        pa.field("necessity_lo", pa.float64()),
+        pa.field("necessity_hi", pa.float64()),
+        pa.field("necessity_n", pa.int64(), nullable=False),
+        pa.field("sufficiency", pa.float64()),
+        pa.field("sufficiency_lo", pa.float64()),
+        pa.field("sufficiency_hi", pa.float64()),
+        pa.field("sufficiency_n", pa.int64(), nullable=False),
+        pa.field("rank", pa.int32()),
+    ]
+)
+
+
+def _literal_values(model_field: str) -> frozenset[str]:
+    return frozenset(get_args(ForkRow.model_fields[model_field].annotation))
+
+
+_FORK_VALUES: dict[str, frozenset[str]] = {
+    "status": _literal_values("status"),
+    "tail": _literal_values("tail"),
+    "stage": frozenset(get_args(Stage)),
+}
+_ATTRIBUTION_VALUES: dict[str, frozenset[str]] = {"kind": frozenset(get_args(StepKind))}
+
+
+class SchemaError(ValueError):
+    """A row that does not fit its table's schema; the message names the field."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Row checks: pyarrow would coerce or fail deep inside a batch; these fail at `add`, by name.
+
+_Check = Callable[[Any], str | None]
+
+
+def _check_for(dtype: pa.DataType) -> _Check:
+    if pa.types.is_string(dtype):
+        return lambda v: None if isinstance(v, str) else "a string"
+    if pa.types.is_boolean(dtype):
+        return lambda v: None if isinstance(v, bool) else "a bool"
+    if pa.types.is_integer(dtype):
+        bits = dtype.bit_width - 1
+        lo, hi = -(2**bits), 2**bits - 1
+
+        def check_int(v: Any) -> str | None:
+            if isinstance(v, bool) or not isinstance(v, int):
+                return f"an integer ({dtype})"
+            return None if lo <= v <= hi else f"an integer within {dtype} range"
+
+        return check_int
+    if pa.types.is_floating(dtype):
+        return lambda v: (
+            None if isinstance(v, int | float) and not isinstance(v, bool) else "a number"
+        )
+    if pa.types.is_timestamp(dtype):
+        return lambda v: (
+            None
+            if isinstance(v, datetime) and v.tzinfo is not None
+            else "a timezone-aware datetime"
+        )
+    if pa.types.is_list(dtype):
+        check_item = _check_for(dtype.value_type)
+
+        def check_list(v: Any) -> str | None:
+            if not isinstance(v, list | tuple):
+                return f"a list ({dtype})"
+            for i, item in enumerate(v):
+                problem = check_item(item)
+                if problem is not None:
+                    return f"a list whose items are {problem} (item {i} is {item!r})"
+            return None
+
+        return check_list
+    raise TypeError(f"no row check for Arrow type {dtype}")
+
+
+@dataclass(frozen=True)
+class _RowShape:
+    """A schema's per-field checks, compiled once."""
+
+    what: str
+    key: str
+    schema: pa.Schema
+    names: frozenset[str]
+    checks: tuple[tuple[str, bool, _Check, frozenset[str] | None], ...]
+
+    @classmethod
+    def of(
+        cls, what: str, key: str, schema: pa.Schema, values: Mapping[str, frozenset[str]]
+    ) -> _RowShape:
+        checks = tuple((f.name, f.nullable, _check_for(f.type), values.get(f.name)) for f in schema)
+        return cls(what, key, schema, frozenset(schema.names), checks)
+
+    def normalize(self, row: Mapping[str, Any]) -> dict[str, Any]:
+        """The row in schema order, absent nullable fields as None; a misfit raises SchemaError."""
+        unknown = [k for k in row if k not in self.names]
+        if unknown:
+            raise SchemaError(
+                f"{self._where(row)}: field {unknown[0]!r} is not in the {self.what} schema "
+                f"(known fields: {', '.join(self.schema.names)})"
+            )
+        out: dict[str, Any] = {}
+        for name, nullable, check, allowed in self.checks:
+            value = row.get(name)
+            if value is None:
+                if not nullable:
+                    state = "is None" if name in row else "is missing"
+                    raise SchemaError(f"{self._where(row)}: field {name!r} {state}; it is required")
+            else:
+                problem = check(value)
+                if problem is None and allowed is not None and value not in allowed:
+                    problem = "one of " + ", ".join(sorted(allowed))
+                if problem is not None:
+                    shown = repr(value)
+                    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+                    raise SchemaError(
+                        f"{self._where(row)}: field {name!r} is {shown} "
+                        f"({type(value).__name__}); expected {problem}"
+                    )
+            out[name] = value
+        return out
+
+    def _where(self, row: Mapping[str, Any]) -> str:
+        ident = row.get(self.key)
+        return self.what if ident is None else f"{self.what} ({self.key}={ident!r})"
+
+    def table(self, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+        return pa.Table.from_pylist(list(rows), schema=self.schema)
+
+
+_FORK_ROWS = _RowShape.of("fork row", "task_id", FORK_SCHEMA, _FORK_VALUES)
+_ATTRIBUTION_ROWS = _RowShape.of("attribution row", "step", ATTRIBUTION_SCHEMA, _ATTRIBUTION_VALUES)
+
+
+def fork_record(row: ForkRow, extras: Mapping[str, Any]) -> dict[str, Any]:
+    """A fork row for `ForkSink.add`: the fork's own fields plus the job's (`job_id`, `stage`,
+    `spec` as `ForkSpec.model_dump_json()`, `worker`, `attempt`, `finished_at`), checked."""
+    own = row.model_dump()
+    clash = [k for k in extras if k in own]
+    if clash:
+        raise SchemaError(
+            f"fork row (task_id={row.task_id!r}): extra field {clash[0]!r} "
+            "would overwrite the fork's own field of that name"
+        )
+    return _FORK_ROWS.normalize({**own, **extras})
+
+
+# ---------------------------------------------------------------------------------------------
+# Where a job's files live: a local folder (os-level fsync and rename) or any pyarrow filesystem.
+
+_TEMP = re.compile(r"^\..+\.tmp$")
+_PART = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """`<out>/<job_id>` on its filesystem. Local folders get fsync + `os.replace`; elsewhere a
+    file is written under a temporary name then moved, as atomic as that filesystem's move."""
+
+    fs: pafs.FileSystem
+    path: str
+    local: bool
+
+    @classmethod
+    def of(cls, out: str | Path, job_id: str) -> JobDir:
+        if not _JOB_ID.match(job_id):
+            raise ValueError(
+                f"job id {job_id!r}: use letters, digits, '.', '_' or '-', not starting with "
+                "'.' or '-' (it names a folder)"
+            )
+        if isinstance(out, str) and "://" in out:
+            fs, base = _from_uri(out)
+            if isinstance(fs, pafs.LocalFileSystem):
+                return cls(fs, str(Path(base) / job_id), local=True)
+            return cls(fs, f"{base.rstrip('/')}/{job_id}".lstrip("/"), local=False)
+        return cls(pafs.LocalFileSystem(), str(Path(out).absolute() / job_id), local=True)
+
+    def join(self, *names: str) -> str:
+        return "/".join([self.path, *names])
+
+    def make_dir(self, *names: str) -> None:
+        path = self.join(*names)
+        if not self.local:
+            self.fs.create_dir(path, recursive=True)
+            return
+        created = not os.path.isdir(path)
+        os.makedirs(path, exist_ok=True)
+        if created:
+            # The new folder's own entry must survive a crash too, not only its files.
+            _fsync_dir(os.path.dirname(path))
+
+    def files(self, *names: str) -> list[str]:
+        """Base names of the files in a folder (empty if it does not exist), sorted."""
+        selector = pafs.FileSelector(self.join(*names), allow_not_found=True)
+        infos = self.fs.get_file_info(selector)
+        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
+    def read_bytes(self, *names: str) -> bytes | None:
+        path = self.join(*names)
+        if self.local:
+            try:
+                return Path(path).read_bytes()
+            except FileNotFoundError:
+                return None
+        if self.fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        with self.fs.open_input_stream(path) as stream:
+            data: bytes = stream.read()
+            return data
+
+    def remove(self, *names: str) -> None:
+        self.fs.delete_file(self.join(*names))
+
+    def write_atomic(self, data: bytes | memoryview, *names: str) -> None:
+        """Write the file whole under `.<name>.<uuid>.tmp` in the same folder, then rename it;
+        readers never see a partial file under the final name."""
+        final = self.join(*names)
+        folder, name = final.rsplit("/", 1)
+        temp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        try:
+            if self.local:
+                with open(temp, "xb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(temp, final)
+                _fsync_dir(folder)
+            else:
+                with self.fs.open_output_stream(temp) as stream:
+                    stream.write(data)
+                self.fs.move(temp, final)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self.fs.delete_file(temp)
+            raise
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _parquet_bytes(table: pa.Table) -> memoryview:
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return memoryview(sink.getvalue())
+
+
+def _read_parts(job: JobDir, columns: list[str] | None = None) -> pa.Table:
+    names = [n for n in job.files("forks") if not n.startswith(".") and n.endswith(".parquet")]
+    parts = sorted(names, key=lambda n: (int(m.group(1)) if (m := _PART.match(n)) else 0, n))
+    if not parts:
+        empty = FORK_SCHEMA.empty_table()
+        return empty.select(columns) if columns is not None else empty
+    dataset = pads.dataset(
+        [job.join("forks", n) for n in parts],
+        schema=FORK_SCHEMA,
+        format="parquet",
+        filesystem=job.fs,
+    )
+    return dataset.to_table(columns=columns)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class ForkSink:
+    """Streams fork rows to `<out>/<job_id>/forks/part-<seq>-<uuid>.parquet`, one file per
+    flush, each complete or absent; a task id already written is dropped, so resume is exact.
+
+    One sink per job at a time. `out` is a local folder or a pyarrow filesystem URI (s3://,
+    gs://, ...); off the local disk a part is as atomic as that filesystem's move."""
+
+    def __init__(
+        self,
+        out: str | Path,
+        job_id: str,
+        *,
+        flush_rows: int = 1000,
+        flush_interval_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if flush_rows < 1:
+            raise ValueError(f"flush_rows must be at least 1, got {flush_rows}")
+        self.job_id = job_id
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.duplicates_dropped = 0
+        self.rows_written = 0
+        self.parts_written = 0
+        self._job = JobDir.of(out, job_id)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buffer: list[dict[str, Any]] = []
+        self._closed = False
+
+        self._job.make_dir("forks")
+        seq = 0
+        for name in self._job.files("forks"):
+            if _TEMP.match(name):
+                # A writer killed between writing and renaming leaves its temporary file;
+                # its rows were never visible, so they are simply run again.
+                log.warning("removed_stale_temp_file", path=self._job.join("forks", name))
+                self._job.remove("forks", name)
+            elif part := _PART.match(name):
+                seq = max(seq, int(part.group(1)))
+        self._seq = seq
+        written = _read_parts(self._job, ["task_id"]).column("task_id").to_pylist()
+        self._existing = frozenset(written)
+        self._seen: set[str] = set(written)
+        self._last_flush = clock()
+
+    @property
+    def path(self) -> str:
+        """The `forks` folder, on the sink's filesystem."""
+        return self._job.join("forks")
+
+    @classmethod
+    def existing(cls, out: str | Path, job_id: str) -> pa.Table:
+        """Every fork row already written for the job (an empty table if none), in write order."""
+        return _read_parts(JobDir.of(out, job_id))
+
+    def existing_task_ids(self) -> frozenset[str]:
+        """The task ids that were on disk when this sink opened: the forks a resumed job skips."""
+        return self._existing
+
+    def seen(self, task_id: str) -> bool:
+        """Whether `add` would drop this task id: written before, or added to this sink."""
+        return task_id in self._seen
+
+    def add(self, row: Mapping[str, Any]) -> bool:
+        """Check and buffer one row (see `fork_record`); False if its task id was already
+        written or added (counted in `duplicates_dropped`). Flushes when due."""
+        record = _FORK_ROWS.normalize(row)
+        if record["job_id"] != self.job_id:
+            raise SchemaError(
+                f"fork row (task_id={record['task_id']!r}): field 'job_id' is "
+                f"{record['job_id']!r}, but this sink writes job {self.job_id!r}"
+            )
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the fork sink of job {self.job_id!r} is closed")
+            accepted = record["task_id"] not in self._seen
+            if accepted:
+                self._seen.add(record["task_id"])
+                self._buffer.append(record)
+            else:
+                self.duplicates_dropped += 1
+            if len(self._buffer) >= self.flush_rows or self._interval_passed():
+                self._flush_locked()
+        return accepted
+
+    def maybe_flush(self) -> int:
+        """Flush if `flush_interval_s` has passed since the last flush; rows written."""
+        with self._lock:
+            return self._flush_locked() if self._interval_passed() else 0
+
+    def flush(self) -> int:
+        """Write the buffered rows as one part file (none if the buffer is empty); rows written."""
+        with self._lock:
+            return self._flush_locked()
+
+    def close(self) -> None:
+        """Flush what is buffered; the sink takes no more rows."""
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
+                self._closed = True
+
+    def __enter__(self) -> ForkSink:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _interval_passed(self) -> bool:
+        return self._clock() - self._last_flush >= self.flush_interval_s
+
+    def _flush_locked(self) -> int:
+        self._last_flush = self._clock()
+        if not self._buffer:
+            return 0
+        data = _parquet_bytes(_FORK_ROWS.table(self._buffer))
+        name = f"part-{self._seq + 1:06d}-{uuid.uuid4().hex}.parquet"
+        # On failure the rows stay buffered, so a later flush can still write them.
+        self._job.write_atomic(data, "forks", name)
+        self._seq += 1
+        count = len(self._buffer)
+        self._buffer = []
+        self.rows_written += count
+        self.parts_written += 1
+        return count
+
+
+def write_attribution(out: str | Path, job_id: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    """Write `<out>/<job_id>/attribution.parquet` (`ATTRIBUTION_SCHEMA`, one row per step and
+    intervention) atomically, replacing any earlier one; returns its path."""
+    records = [_ATTRIBUTION_ROWS.normalize(r) for r in rows]
+    job = JobDir.of(out, job_id)
+    job.make_dir()
+    job.write_atomic(_parquet_bytes(_ATTRIBUTION_ROWS.table(records)), "attribution.parquet")
+    return job.join("attribution.parquet")

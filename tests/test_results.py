@@ -1,0 +1,461 @@
+"""Job output as a user reads it: fork parts, attribution and job.json through pyarrow and DuckDB,
+across flushes, stale temporary files, resume, bad rows and a writer killed mid-job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from structlog.testing import capture_logs
+
+from car_ray.replay import ForkRow, ForkSpec, Resample
+from car_ray.results import (
+    ATTRIBUTION_SCHEMA,
+    FORK_SCHEMA,
+    ForkSink,
+    SchemaError,
+    _parquet,
+    fork_record,
+    read_job_json,
+    write_attribution,
+    write_job_json,
+)
+
+JOB = "job-1"
+FINISHED = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def make_row(i: int, *, scored: bool = True, error: str | None = None) -> dict[str, Any]:
+    """A fork row as the driver builds it: a real `ForkRow` plus the job's fields."""
+    spec = ForkSpec(tape_id="tape-a", interventions={i % 3: Resample()}, seed=i)
+    row = ForkRow(
+        task_id=spec.task_id,
+        tape_id=spec.tape_id,
+        status="ok" if error is None else "error",
+        outcome=float(i % 2) if scored else None,
+        recorded_outcome=1.0,
+        flipped=(i % 2 == 0) if scored else None,
+        steps_intervened=sorted(spec.interventions),
+        interventions=[iv.kind for iv in spec.interventions.values()],
+        tail=spec.tail,
+        seed=spec.seed,
+        tail_calls=3,
+        retries=i % 2,
+        tokens_in=100 + i,
+        tokens_out=20 + i,
+        cost_usd=0.001 * i,
+        latency_s=0.05,
+        error=error,
+    )
+    return fork_record(
+        row,
+        {
+            "job_id": JOB,
+            "stage": "screen",
+            "spec": spec.model_dump_json(),
+            "worker": f"worker-{i % 2}",
+            "attempt": 1,
+            "finished_at": FINISHED + timedelta(seconds=i),
+        },
+    )
+
+
+def by_task(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: r["task_id"])
+
+
+def duckdb_read(pattern: str) -> pa.Table:
+    """What DuckDB reads from `read_parquet(pattern)`, as Arrow."""
+    relation = duckdb.sql(f"SELECT * FROM read_parquet('{pattern}')")
+    assert relation is not None
+    return relation.to_arrow_table()
+
+
+def duckdb_rows(glob: str) -> list[dict[str, Any]]:
+    return by_task(duckdb_read(glob).to_pylist())
+
+
+def forks_dir(out: Path) -> Path:
+    return out / JOB / "forks"
+
+
+def visible_parts(out: Path) -> list[Path]:
+    return sorted(forks_dir(out).glob("part-*.parquet"))
+
+
+def test_fork_schema_holds_every_fork_row_field_in_order() -> None:
+    own = list(ForkRow.model_fields)
+    assert FORK_SCHEMA.names[: len(own)] == own
+    assert FORK_SCHEMA.names[len(own) :] == [
+        "job_id",
+        "stage",
+        "spec",
+        "worker",
+        "attempt",
+        "finished_at",
+    ]
+
+
+def test_rows_from_several_flushes_read_back_identically_by_pyarrow_and_duckdb(
+    tmp_path: Path,
+) -> None:
+    # The first flush has outcome, flipped and error all null; divergence is null everywhere:
+    # with a per-batch inferred schema those columns would be typed `null` and break readers.
+    rows = [make_row(i, scored=False) for i in range(4)]
+    rows += [make_row(i, error=f"boom {i}" if i % 3 == 0 else None) for i in range(4, 11)]
+    with ForkSink(tmp_path, JOB, flush_rows=4) as sink:
+        for row in rows:
+            assert sink.add(row)
+    assert sink.parts_written == 3 and sink.rows_written == 11
+    assert len(visible_parts(tmp_path)) == 3
+
+    expected = by_task(rows)
+    dataset = pads.dataset(forks_dir(tmp_path), format="parquet").to_table()
+    assert dataset.schema.equals(FORK_SCHEMA)
+    assert by_task(dataset.to_pylist()) == expected
+    assert by_task(pq.read_table(forks_dir(tmp_path)).to_pylist()) == expected
+    assert duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet") == expected
+    assert ForkSink.existing(tmp_path, JOB).to_pylist() == rows  # in write order
+
+
+def test_a_stale_temp_file_is_invisible_to_readers_and_removed_on_reopen(tmp_path: Path) -> None:
+    rows = [make_row(i) for i in range(5)]
+    with ForkSink(tmp_path, JOB, flush_rows=5) as sink:
+        for row in rows:
+            sink.add(row)
+    # What a writer killed before its rename leaves behind: a torn file under a dot name.
+    stale = forks_dir(tmp_path) / ".part-000002-0123abcd.parquet.0123abcd.tmp"
+    stale.write_bytes(b"PAR1 torn")
+
+    assert len(pads.dataset(forks_dir(tmp_path), format="parquet").to_table()) == 5
+    assert len(pq.read_table(forks_dir(tmp_path))) == 5
+    assert len(duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet")) == 5
+
+    with capture_logs() as logs:
+        reopened = ForkSink(tmp_path, JOB)
+    assert not stale.exists()
+    assert [e["event"] for e in logs] == ["removed_stale_temp_file"]
+    assert logs[0]["path"].endswith(stale.name)
+    assert reopened.existing_task_ids() == {r["task_id"] for r in rows}
+
+
+def test_resume_sees_written_task_ids_and_drops_them(tmp_path: Path) -> None:
+    first = [make_row(i) for i in range(6)]
+    with ForkSink(tmp_path, JOB, flush_rows=4) as sink:
+        for row in first:
+            sink.add(row)
+
+    resumed = ForkSink(tmp_path, JOB, flush_rows=4)
+    assert resumed.existing_task_ids() == {r["task_id"] for r in first}
+    assert resumed.seen(first[0]["task_id"])
+    # At-least-once delivery from a retried actor: the same forks come back, plus new ones.
+    accepted = [resumed.add(row) for row in [*first[3:], *[make_row(i) for i in range(6, 9)]]]
+    assert accepted == [False] * 3 + [True] * 3
+    assert resumed.duplicates_dropped == 3
+    resumed.close()
+
+    table = ForkSink.existing(tmp_path, JOB)
+    assert table.to_pylist() == [*first, *[make_row(i) for i in range(6, 9)]]
+    seqs = [int(p.name.split("-")[1]) for p in visible_parts(tmp_path)]
+    assert sorted(seqs) == [1, 2, 3]  # the resumed sink numbers its parts after the old ones
+
+
+def test_a_duplicate_within_one_run_is_dropped_even_before_it_is_flushed(tmp_path: Path) -> None:
+    with ForkSink(tmp_path, JOB, flush_rows=100) as sink:
+        assert sink.add(make_row(1))
+        assert not sink.add(make_row(1))
+        assert sink.add(make_row(2))
+    assert sink.duplicates_dropped == 1
+    assert len(ForkSink.existing(tmp_path, JOB)) == 2
+
+
+def test_existing_is_an_empty_table_with_the_schema_before_any_write(tmp_path: Path) -> None:
+    table = ForkSink.existing(tmp_path, "never-ran")
+    assert len(table) == 0 and table.schema.equals(FORK_SCHEMA)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"colour": "red"}, "colour"),
+        ({"tokens_in": "5"}, "tokens_in"),
+        ({"tokens_in": True}, "tokens_in"),
+        ({"attempt": 2**40}, "attempt"),
+        ({"outcome": "high"}, "outcome"),
+        ({"flipped": 1}, "flipped"),
+        ({"stage": "warmup"}, "stage"),
+        ({"status": "fine"}, "status"),
+        ({"steps_intervened": ["2"]}, "steps_intervened"),
+        ({"finished_at": datetime(2025, 1, 1)}, "finished_at"),  # naive: which zone?
+        ({"finished_at": None}, "finished_at"),
+        ({"job_id": "another-job"}, "job_id"),
+    ],
+)
+def test_a_schema_violation_names_the_field(
+    tmp_path: Path, change: dict[str, Any], field: str
+) -> None:
+    row = make_row(1) | change
+    with ForkSink(tmp_path, JOB) as sink, pytest.raises(SchemaError, match=f"'{field}'") as err:
+        sink.add(row)
+    assert row["task_id"] in str(err.value)
+    assert sink.rows_written == 0
+
+
+def test_a_missing_required_field_is_named(tmp_path: Path) -> None:
+    row = make_row(1)
+    del row["spec"]
+    with ForkSink(tmp_path, JOB) as sink, pytest.raises(SchemaError, match="'spec' is missing"):
+        sink.add(row)
+
+
+def test_fork_record_refuses_extras_that_overwrite_the_forks_own_fields() -> None:
+    row = ForkRow.model_validate(
+        {k: v for k, v in make_row(1).items() if k in ForkRow.model_fields}
+    )
+    with pytest.raises(SchemaError, match="'outcome'"):
+        fork_record(row, {"outcome": 0.0})
+
+
+def test_timestamps_in_other_zones_are_stored_as_the_same_instant(tmp_path: Path) -> None:
+    local = datetime(2025, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    with ForkSink(tmp_path, JOB) as sink:
+        sink.add(make_row(1) | {"finished_at": local})
+    (stored,) = ForkSink.existing(tmp_path, JOB).column("finished_at").to_pylist()
+    assert stored == FINISHED and stored.utcoffset() == timedelta(0)
+
+
+def test_rows_are_flushed_when_the_interval_passes(tmp_path: Path) -> None:
+    now = [100.0]
+    sink = ForkSink(tmp_path, JOB, flush_rows=1000, flush_interval_s=2.0, clock=lambda: now[0])
+    sink.add(make_row(0))
+    now[0] = 101.9
+    sink.add(make_row(1))
+    assert visible_parts(tmp_path) == []
+    now[0] = 102.0
+    sink.add(make_row(2))  # due: the interval is checked on add
+    assert len(visible_parts(tmp_path)) == 1 and sink.rows_written == 3
+
+    sink.add(make_row(3))
+    now[0] = 103.0
+    assert sink.maybe_flush() == 0  # only one second since the last flush
+    now[0] = 104.0
+    assert sink.maybe_flush() == 1
+    assert sink.maybe_flush() == 0  # nothing buffered: no empty part
+    assert len(visible_parts(tmp_path)) == 2
+    sink.close()
+    assert len(ForkSink.existing(tmp_path, JOB)) == 4
+
+
+def attribution_rows() -> list[dict[str, Any]]:
+    return [
+        {
+            "step": 2,
+            "kind": "llm",
+            "label": "sim-model",
+            "intervention": "resample",
+            "flip_rate": 0.8,
+            "flip_lo": 0.7,
+            "flip_hi": 0.9,
+            "flip_n": 120,
+            "phi": 0.5,
+            "phi_lo": 0.4,
+            "phi_hi": 0.6,
+            "phi_se": 0.05,
+            "necessity": 0.8,
+            "necessity_lo": 0.7,
+            "necessity_hi": 0.9,
+            "necessity_n": 120,
+            "sufficiency": 0.3,
+            "sufficiency_lo": 0.2,
+            "sufficiency_hi": 0.4,
+            "sufficiency_n": 60,
+            "rank": 1,
+        },
+        # A step the race eliminated before Shapley: no φ, necessity or sufficiency, no rank.
+        {
+            "step": 1,
+            "kind": "tool",
+            "label": "lookup_order",
+            "intervention": "observation",
+            "flip_rate": 0.05,
+            "flip_lo": 0.0,
+            "flip_hi": 0.2,
+            "flip_n": 20,
+            "necessity_n": 0,
+            "sufficiency_n": 0,
+        },
+    ]
+
+
+def test_attribution_parquet_round_trips(tmp_path: Path) -> None:
+    path = write_attribution(tmp_path, JOB, attribution_rows())
+    assert path == str(tmp_path / JOB / "attribution.parquet")
+    table = pq.read_table(path)
+    assert table.schema.equals(ATTRIBUTION_SCHEMA)
+    expected = [
+        {name: r.get(name) for name in ATTRIBUTION_SCHEMA.names} for r in attribution_rows()
+    ]
+    assert table.to_pylist() == expected
+    from_duckdb = duckdb_read(path)
+    assert from_duckdb.to_pylist() == expected
+
+    write_attribution(tmp_path, JOB, attribution_rows()[:1])  # replaces, leaves no temp file
+    assert len(pq.read_table(path)) == 1
+    assert sorted(p.name for p in (tmp_path / JOB).iterdir()) == ["attribution.parquet"]
+
+
+def test_an_attribution_row_with_a_bad_kind_names_the_field(tmp_path: Path) -> None:
+    bad = attribution_rows()[0] | {"kind": "agent"}
+    with pytest.raises(SchemaError, match=r"\(step=2\): field 'kind'"):
+        write_attribution(tmp_path, JOB, [bad])
+    assert not (tmp_path / JOB / "attribution.parquet").exists()
+
+
+def test_job_json_round_trips(tmp_path: Path) -> None:
+    assert read_job_json(tmp_path, JOB) is None
+    data = {"status": "running", "spend": {"usd": 0.25, "forks": 40}, "note": "étape ✓"}
+    path = write_job_json(tmp_path, JOB, data)
+    assert read_job_json(tmp_path, JOB) == data
+    assert json.loads(Path(path).read_text("utf-8")) == data
+    assert Path(path).read_text("utf-8").startswith('{\n  "status"')  # pretty, for people
+
+    write_job_json(tmp_path, JOB, data | {"status": "done"})
+    assert read_job_json(tmp_path, JOB) == data | {"status": "done"}
+    assert sorted(p.name for p in (tmp_path / JOB).iterdir()) == ["job.json"]
+    with pytest.raises(ValueError, match=r"job\.json"):
+        write_job_json(tmp_path, JOB, {"spend": float("nan")})
+
+
+def test_a_bad_job_id_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape("job id '../escape'")):
+        ForkSink(tmp_path, "../escape")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_any_pyarrow_filesystem_uri_holds_the_same_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pyarrow's in-memory mock filesystem stands in for S3 and friends (write, then move).
+    memory = pafs.FileSystem.from_uri("mock:///")[0]
+    monkeypatch.setattr(_parquet, "_from_uri", lambda uri: (memory, uri.split("://", 1)[1]))
+    out = "mock://bucket/runs"
+    with ForkSink(out, JOB, flush_rows=2) as sink:
+        for i in range(5):
+            sink.add(make_row(i))
+    with memory.open_output_stream(f"bucket/runs/{JOB}/forks/.part-9-x.parquet.ab.tmp") as f:
+        f.write(b"torn")
+    resumed = ForkSink(out, JOB)
+    assert resumed.existing_task_ids() == {make_row(i)["task_id"] for i in range(5)}
+    assert not resumed.add(make_row(4))
+    names = [i.base_name for i in memory.get_file_info(pafs.FileSelector(resumed.path))]
+    assert len(names) == 3 and all(n.startswith("part-") for n in names)
+    assert ForkSink.existing(out, JOB).to_pylist() == [make_row(i) for i in range(5)]
+
+    write_attribution(out, JOB, attribution_rows())
+    write_job_json(out, JOB, {"status": "done"})
+    assert read_job_json(out, JOB) == {"status": "done"}
+    with memory.open_input_file(f"bucket/runs/{JOB}/attribution.parquet") as f:
+        assert len(pq.read_table(f)) == 2
+
+
+# A writer that fills parts of ten rows as fast as it can. With "hold" it stops for good in
+# its fourth rename (the part is written and fsynced under its temporary name), so the kill
+# lands exactly between write and rename; with "free" the kill lands wherever it lands.
+CRASH_WRITER = """
+import os, sys, time
+from datetime import UTC, datetime
+from car_ray.results import ForkSink
+
+out, mode = sys.argv[1], sys.argv[2]
+real_replace, renames = os.replace, [0]
+
+def replace(src, dst):
+    renames[0] += 1
+    if mode == "hold" and renames[0] == 4:
+        print("holding", flush=True)
+        time.sleep(600)
+    real_replace(src, dst)
+
+os.replace = replace
+sink = ForkSink(out, "job-1", flush_rows=10, flush_interval_s=1e9)
+for i in range(10**7):
+    sink.add({
+        "task_id": f"t{i:07d}", "tape_id": "tape-a", "status": "ok", "outcome": 1.0,
+        "recorded_outcome": 1.0, "flipped": False, "steps_intervened": [1],
+        "interventions": ["resample"], "tail": "live", "seed": i, "tail_calls": 2,
+        "retries": 0, "tokens_in": 10, "tokens_out": 5, "cost_usd": 0.0, "latency_s": 0.0,
+        "error": "x" * 2000, "job_id": "job-1", "stage": "race", "spec": "{}",
+        "worker": "w", "attempt": 1, "finished_at": datetime.now(UTC),
+    })
+"""
+
+
+def run_crash_writer(out: Path, mode: str) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CRASH_WRITER, str(out), mode],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if mode == "hold":
+            assert proc.stdout is not None and proc.stdout.readline() == "holding\n"
+        else:
+            deadline = time.monotonic() + 30
+            while len(visible_parts(out)) < 5 and time.monotonic() < deadline:
+                time.sleep(0.002)
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["hold", "free"])
+def test_a_writer_killed_mid_job_leaves_only_whole_readable_parts(
+    tmp_path: Path, mode: str
+) -> None:
+    run_crash_writer(tmp_path, mode)
+
+    parts = visible_parts(tmp_path)
+    assert len(parts) >= (3 if mode == "hold" else 5)
+    for part in parts:
+        assert pq.read_table(part).num_rows == 10  # whole: no part holds a partial batch
+    if mode == "hold":
+        assert len(parts) == 3
+        (temp,) = [p for p in forks_dir(tmp_path).iterdir() if p.name.startswith(".")]
+        assert temp.name.endswith(".tmp")
+    assert all(p.name.startswith((".", "part-")) for p in forks_dir(tmp_path).iterdir())
+
+    ids = [f"t{i:07d}" for i in range(10 * len(parts))]  # parts are written in order
+    glob = f"{forks_dir(tmp_path)}/*.parquet"
+    assert [r["task_id"] for r in duckdb_rows(glob)] == ids
+    dataset = pads.dataset(forks_dir(tmp_path), format="parquet")
+    assert sorted(dataset.to_table(columns=["task_id"]).column("task_id").to_pylist()) == ids
+
+    resumed = ForkSink(tmp_path, JOB)
+    assert sorted(resumed.existing_task_ids()) == ids
+    assert not [p for p in forks_dir(tmp_path).iterdir() if p.name.startswith(".")]
+
+
+def test_part_files_carry_the_explicit_schema_without_car_ray(tmp_path: Path) -> None:
+    with ForkSink(tmp_path, JOB) as sink:
+        sink.add(make_row(0, scored=False))
+    (part,) = visible_parts(tmp_path)
+    schema = pq.read_schema(part)
+    assert schema.field("outcome").type == pa.float64()
+    assert schema.field("error").type == pa.string()
+    assert schema.field("finished_at").type == pa.timestamp("us", tz="UTC")
