@@ -316,6 +316,44 @@ def fork_cmd(
             err.print(row.divergence or row.error)
 
 
+@app.command("attribute")
+def attribute_cmd(
+    job_file: Annotated[Path, typer.Argument(help="the job's TOML file")],
+    out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
+    max_usd: Annotated[float | None, typer.Option(help="dollar cap (overrides the job)")] = None,
+    max_forks: Annotated[int | None, typer.Option(help="fork cap (overrides the job)")] = None,
+    address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
+) -> None:
+    """Find which step caused the bad outcome: forks on Ray, under the budget."""
+    from .attribute import attribute
+
+    job = _job(job_file)
+    try:
+        folder, outcome = attribute(
+            job, out=out, address=address, max_usd=max_usd, max_forks=max_forks, console=console
+        )
+    except (TapeError, JobFileError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    _print_outcome(folder, outcome)
+    if outcome.status == "verify_failed":
+        raise typer.Exit(1)
+
+
+def _print_outcome(folder: str, outcome: Any) -> None:
+    from .attribute import results_table
+
+    console.print(results_table(outcome))
+    for note in outcome.notes:
+        style = "bold red" if "FAILED" in note or "divergence" in note else "yellow"
+        console.print(f"[{style}]{note}[/]")
+    p = outcome.progress
+    console.print(
+        f"{p.done} forks run ({p.resumed} resumed, {p.lost} lost and retried); spent "
+        f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
+    )
+    console.print(f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html")
+
+
 @app.command("inspect")
 def inspect_cmd(tape_file: Annotated[Path, typer.Argument(help="the tape")]) -> None:
     """Show a tape's steps (works on incomplete tapes too)."""
@@ -348,16 +386,25 @@ def sim_serve(
 @app.command("demo")
 def demo_cmd(
     job_file: Annotated[Path, typer.Option("--job")] = Path("jobs/support_refund/job.toml"),
-    forks_per_step: Annotated[int, typer.Option(help="resample forks per step")] = 16,
+    out: Annotated[str | None, typer.Option(help="output folder")] = None,
 ) -> None:
-    """Record the demo job (if its tape is missing), replay it, and run forks of it."""
-    from .demo import run_demo
+    """Record the demo job if its tape is missing, then attribute it on the embedded Ray."""
+    from .attribute import attribute
 
     job = _job(job_file)
+    tape_path = job.tape_path
+    if tape_path is None:
+        raise _fail(f"{job.path}: the demo needs a 'tape' path")
+    if not tape_path.exists():
+        console.print(f"recording {job.spec.agent} → {tape_path}")
+        record_cmd(job_file, tape_path, None, None, False)
+    tape = _tape(tape_path)
+    console.print(_steps_table(tape))
     try:
-        _run(lambda: run_demo(job, console, forks_per_step))
-    except (TapeError, DivergenceError, InterventionError) as exc:
+        folder, outcome = attribute(job, tape=tape, out=out, console=console)
+    except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    _print_outcome(folder, outcome)
 
 
 def main() -> None:

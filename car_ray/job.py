@@ -5,11 +5,14 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from ._imports import ImportRefError, import_ref
+from .replay import Intervention
+
+_INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
 
 class JobFileError(ValueError):
@@ -24,11 +27,58 @@ class ProviderSettings(BaseModel):
     )
     openai_base_url: str | None = None
     anthropic_base_url: str | None = None
+    pricing: str | None = Field(default=None, description="a pricing TOML; default configs/")
+    concurrency: int = Field(default=64, ge=1, le=4096, description="forks in flight in all")
+    workers: int = Field(default=2, ge=1, le=256, description="ForkWorker actors")
+    requests_per_minute: float | None = Field(default=None, gt=0)
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    sim_latency_ms: float = Field(
+        default=0.0, ge=0, description="added latency of the simulated provider (no base_url)"
+    )
+
+
+class BudgetSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_forks: int | None = Field(default=None, ge=1)
+    max_usd: float | None = Field(default=None, gt=0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_wall_s: float | None = Field(default=None, gt=0)
+
+
+InterventionKind = Literal["resample", "action", "observation", "context", "policy"]
+
+
+class InterventionEntry(BaseModel):
+    """One `[[interventions]]` table: a kind, the step(s) it applies to and its value
+    fields (`text` / `tool_calls` / `body`, `result` / `error`, `edits`, `model` /
+    `base_url`). Resample without steps means every step."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: InterventionKind
+    steps: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _buildable(self) -> InterventionEntry:
+        if self.kind != "resample" and not self.steps:
+            raise ValueError(f"a {self.kind!r} intervention needs 'steps'")
+        if any(k < 0 for k in self.steps or []):
+            raise ValueError("steps start at 0")
+        self.intervention()  # raises with the field that is wrong
+        return self
+
+    def intervention(self) -> Intervention:
+        value: Intervention = _INTERVENTION.validate_python(
+            {"kind": self.kind, **(self.model_extra or {})}
+        )
+        return value
 
 
 class JobSpec(BaseModel):
-    """What a job file says. Refs are `module:attr`, imported with the job's folder and its
-    parent on the path."""
+    """What a job file says (`AttributionRequest`): which agent, scorer and tape, which
+    interventions, the method, the budget, the provider and where results go. Refs are
+    `module:attr`, imported with the job's folder and its parent on the path."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,9 +86,21 @@ class JobSpec(BaseModel):
     scorer: str
     policy: str | None = None
     tape: str | None = None
+    tapes: list[str] = Field(default_factory=list)
     seed: int = 0
     input: Any = None
+    method: Literal["auto", "flip", "shapley"] = "auto"
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    target_half_width: float = Field(default=0.1, gt=0.0, le=0.5)
+    out: str = "out"
+    interventions: list[InterventionEntry] = Field(
+        default_factory=lambda: [InterventionEntry(kind="resample")]
+    )
+    budget: BudgetSettings = Field(default_factory=BudgetSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
+
+
+AttributionRequest = JobSpec
 
 
 @dataclass(frozen=True)
@@ -57,6 +119,12 @@ class Job:
     @property
     def tape_path(self) -> Path | None:
         return self.folder / self.spec.tape if self.spec.tape else None
+
+    @property
+    def tape_paths(self) -> list[Path]:
+        """Every tape the job attributes, relative to the job file."""
+        names = ([self.spec.tape] if self.spec.tape else []) + self.spec.tapes
+        return [self.folder / name for name in names]
 
     def load(self, key: str) -> Any:
         ref = getattr(self.spec, key)

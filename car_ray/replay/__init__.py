@@ -27,15 +27,19 @@ from ._interventions import (
     SwapPolicy,
 )
 from ._run import (
+    BudgetCut,
     EffectBlocked,
     InterventionError,
     Plan,
     Run,
+    SpendLimit,
+    Tail,
     ToolFailed,
+    call_bound,
     recorded_trajectory,
     step_seed,
 )
-from ._upstream import AiohttpUpstream, HttpxUpstream, RetryPolicy, Upstream
+from ._upstream import AiohttpUpstream, HttpxUpstream, RateLimiter, RetryPolicy, Upstream
 
 __all__ = [
     "INTERVENTION_KINDS",
@@ -43,6 +47,7 @@ __all__ = [
     "AgentFn",
     "AiohttpUpstream",
     "BaseUrls",
+    "BudgetCut",
     "ContextEdit",
     "Difference",
     "DivergenceError",
@@ -57,15 +62,19 @@ __all__ = [
     "Intervention",
     "InterventionError",
     "Plan",
+    "RateLimiter",
     "ReplaceObservation",
     "Resample",
     "RetryPolicy",
     "Run",
     "RunResult",
     "ScorerFn",
+    "SpendLimit",
     "SwapPolicy",
+    "Tail",
     "ToolFailed",
     "Upstream",
+    "call_bound",
     "is_bad",
     "json_diff",
     "record",

@@ -22,11 +22,13 @@ from ._context import AgentContext
 from ._divergence import DivergenceError
 from ._interventions import EditContext, ForceAction, Intervention, ReplaceObservation
 from ._run import (
+    BudgetCut,
     EffectBlocked,
     ForkAborted,
     InterventionError,
     Plan,
     Run,
+    SpendLimit,
     Tail,
     recorded_trajectory,
 )
@@ -36,7 +38,7 @@ log = structlog.get_logger("car_ray.fork")
 
 AgentFn = Callable[[AgentContext], Any]
 ScorerFn = Callable[[Any, list[dict[str, Any]]], float]
-Status = Literal["ok", "divergence", "blocked_effect", "error"]
+Status = Literal["ok", "divergence", "blocked_effect", "budget_cut", "error"]
 
 
 class ForkSpec(BaseModel):
@@ -161,7 +163,7 @@ class _Engine:
             else:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._threads, self.agent, ctx)
-        except (EffectBlocked, ForkAborted) as exc:
+        except (EffectBlocked, ForkAborted, BudgetCut) as exc:
             error = exc
         except Exception as exc:
             error = exc
@@ -333,13 +335,16 @@ class ForkRunner:
             )
         return outcome
 
-    async def run(self, spec: ForkSpec) -> ForkRow:
+    async def run(self, spec: ForkSpec, limit: SpendLimit | None = None) -> ForkRow:
         """Run one fork and return its row; failures are in the row, not raised."""
-        row, _ = await self.fork(spec)
+        row, _ = await self.fork(spec, limit)
         return row
 
-    async def fork(self, spec: ForkSpec) -> tuple[ForkRow, list[dict[str, Any]]]:
-        """Run one fork: its row and the trajectory the scorer saw."""
+    async def fork(
+        self, spec: ForkSpec, limit: SpendLimit | None = None
+    ) -> tuple[ForkRow, list[dict[str, Any]]]:
+        """Run one fork: its row and the trajectory the scorer saw. With `limit`, no live
+        call is made that could take the fork's spend past it."""
         self.check(spec)
         tape = self.tape(spec.tape_id)
         recorded = self.recorded_outcome(spec.tape_id)
@@ -351,6 +356,7 @@ class ForkRunner:
             seed=spec.seed,
             base_urls=self._engine.base_urls.as_dict(),
             prices=self._engine.prices,
+            limit=limit,
         )
         outcome = await self._engine.execute(run, tape.header.input)
         status: Status = "ok"
@@ -358,6 +364,9 @@ class ForkRunner:
         error: str | None = None
         if run.divergence is not None:
             status = "divergence"
+        elif run.cut:
+            # An unfinished run has no outcome: scoring it would bias toward short tails.
+            status = "budget_cut"
         else:
             if run.blocked is not None:
                 status = "blocked_effect"

@@ -105,6 +105,42 @@ class Spend:
     cost_usd: float = 0.0
 
 
+@dataclass(frozen=True)
+class SpendLimit:
+    """A fork's hard ceiling (its budget reservation): a live call that could cross it is
+    not made, and the fork ends as `budget_cut`."""
+
+    usd: float | None = None
+    tokens: int | None = None
+    # The output a call without max_tokens is assumed to stay under (the same number the
+    # reservation was made with).
+    default_output_tokens: int = 1024
+
+
+class BudgetCut(BaseException):
+    """Raised into the agent when its next live call could exceed the fork's reservation."""
+
+
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+
+
+def call_bound(
+    body: Any, prices: PriceTable, model: str, default_output: int = DEFAULT_MAX_OUTPUT_TOKENS
+) -> tuple[int, float]:
+    """An upper estimate of one live call's tokens and cost, made before sending it:
+    input from the body's size (fewer than one token per 3 bytes of JSON), output from its
+    max_tokens (or `default_output` when the request sets none)."""
+    size = len(canonical_bytes(body)) if body is not None else 0
+    out = default_output
+    if isinstance(body, dict):
+        for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+            if isinstance(body.get(key), int):
+                out = body[key]
+                break
+    usage = Usage(size // 3 + 1, out)
+    return usage.input_tokens + usage.output_tokens, prices.cost_usd(model, usage)
+
+
 def llm_entry(step: int, event_like: dict[str, Any], source: Source) -> dict[str, Any]:
     """A trajectory entry for a model call, as the scorer sees it."""
     return {"step": step, "kind": "llm", "source": source, **event_like}
@@ -158,6 +194,10 @@ def _tool_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) ->
     return loaded
 
 
+def model_of(body: Any) -> str:
+    return str(body.get("model", "")) if isinstance(body, dict) else ""
+
+
 def _json_or_none(body: bytes) -> Any:
     if not body:
         return None
@@ -181,6 +221,7 @@ class Run:
         seed: int = 0,
         base_urls: dict[str, str] | None = None,
         prices: PriceTable | None = None,
+        limit: SpendLimit | None = None,
     ) -> None:
         if (tape is None) == (writer is None):
             raise ValueError("a run either records (writer) or replays a tape (tape), not both")
@@ -199,6 +240,8 @@ class Run:
         self.divergence: DivergenceError | None = None
         self.blocked: str | None = None
         self.swap: SwapPolicy | None = None
+        self.limit = limit
+        self.cut = False
         self._lock = asyncio.Lock()
         self._tool_lock = threading.Lock()
         self._pending: dict[int, dict[str, Any]] = {}
@@ -320,6 +363,20 @@ class Run:
             return self._serve(k, recorded, "pinned")
         return await self._live(k, request, body)
 
+    def _check_limit(self, k: int, body: Any, model: str) -> None:
+        assert self.limit is not None
+        tokens, usd = call_bound(body, self.prices, model, self.limit.default_output_tokens)
+        spend = self.spend
+        over_usd = self.limit.usd is not None and spend.cost_usd + usd > self.limit.usd
+        over_tokens = (
+            self.limit.tokens is not None
+            and spend.tokens_in + spend.tokens_out + tokens > self.limit.tokens
+        )
+        if over_usd or over_tokens:
+            self.cut = True
+            log.info("budget_cut", step=k, spent_usd=spend.cost_usd, bound_usd=usd)
+            raise BudgetCut(f"step {k}: the next live call could exceed the fork's reservation")
+
     def _serve(self, k: int, recorded: LlmEvent, source: Source) -> WireResponse:
         self.trajectory.append(llm_entry(k, _llm_fields(recorded), source))
         return WireResponse(
@@ -384,6 +441,8 @@ class Run:
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
             (SEED_HEADER, str(step_seed(self.seed, k))),
         )
+        if self.limit is not None and not record:
+            self._check_limit(k, body, model_of(body))
         response = await self.upstream.send(
             WireRequest(request.method, request.url, headers, request.body)
         )
@@ -399,7 +458,7 @@ class Run:
                     usage = estimate_usage(codec.parse_request(body), action)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("unparsed_response", step=k, error=str(exc))
-        model = str(body.get("model", "")) if isinstance(body, dict) else ""
+        model = model_of(body)
         fields = {
             "provider": codec.provider if codec else "http",
             "model": model,

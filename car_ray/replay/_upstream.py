@@ -57,6 +57,28 @@ class RetryPolicy:
         return min(self.max_delay_s, backoff * (0.5 + random.random() / 2))
 
 
+class RateLimiter:
+    """A token bucket over requests per minute: a worker's share of the provider's limit."""
+
+    def __init__(self, requests_per_minute: float, burst: int | None = None) -> None:
+        if requests_per_minute <= 0:
+            raise ValueError("requests_per_minute must be positive")
+        self.rate_per_s = requests_per_minute / 60.0
+        self.capacity = float(burst or max(1, int(self.rate_per_s)))
+        self._tokens = self.capacity
+        self._stamp = time.monotonic()
+
+    async def acquire(self) -> None:
+        while True:
+            now = time.monotonic()
+            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate_per_s)
+            self._stamp = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return
+            await asyncio.sleep((1 - self._tokens) / self.rate_per_s)
+
+
 class Upstream(Protocol):
     """Sends one request to the live provider and returns the whole answer."""
 
@@ -66,8 +88,9 @@ class Upstream(Protocol):
 
 
 class _RetryingUpstream:
-    def __init__(self, retry: RetryPolicy) -> None:
+    def __init__(self, retry: RetryPolicy, limiter: RateLimiter | None = None) -> None:
         self.retry = retry
+        self.limiter = limiter
 
     async def _once(self, request: WireRequest) -> WireResponse:
         raise NotImplementedError
@@ -77,6 +100,8 @@ class _RetryingUpstream:
         attempt = 0
         while True:
             response: WireResponse | None = None
+            if self.limiter is not None:
+                await self.limiter.acquire()
             try:
                 response = await self._once(request)
             except (TimeoutError, aiohttp.ClientError, httpx2.TransportError):
@@ -101,9 +126,13 @@ class AiohttpUpstream(_RetryingUpstream):
     """The default live transport: one aiohttp session (pooled keep-alive connections)."""
 
     def __init__(
-        self, retry: RetryPolicy | None = None, max_connections: int = 256, timeout_s: float = 600
+        self,
+        retry: RetryPolicy | None = None,
+        max_connections: int = 256,
+        timeout_s: float = 600,
+        limiter: RateLimiter | None = None,
     ) -> None:
-        super().__init__(retry or RetryPolicy())
+        super().__init__(retry or RetryPolicy(), limiter)
         self._max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None

@@ -16,7 +16,7 @@ from ._model import (
     ToolError,
     ToolEvent,
 )
-from ._reader import Tape, TapeError, load_tape
+from ._reader import Tape, TapeError, load_tape, parse_tape
 from ._writer import TapeWriter
 
 __all__ = [
@@ -36,4 +36,5 @@ __all__ = [
     "ToolError",
     "ToolEvent",
     "load_tape",
+    "parse_tape",
 ]

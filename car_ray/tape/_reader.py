@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +58,11 @@ class Tape:
             return self.seal.digest
         return "partial-" + self.chain_tail
 
-    @property
+    @cached_property
     def steps(self) -> list[Step]:
         return [e for e in self.events if e.type in ("llm", "tool")]
 
-    @property
+    @cached_property
     def nondet(self) -> list[NondetEvent]:
         return [e for e in self.events if e.type == "nondet"]
 
@@ -82,6 +83,11 @@ def load_tape(path: Path | str) -> Tape:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise TapeError(path, 0, "no such file") from None
+    return parse_tape(raw, path)
+
+
+def parse_tape(raw: bytes, path: Path) -> Tape:
+    """Verify a tape's bytes (`path` names it in errors): a worker gets tapes as bytes."""
     lines = raw.split(b"\n")
     torn = lines[-1] != b""
     if not torn:

@@ -1,0 +1,244 @@
+"""The Ray executor: a pool of async `ForkWorker` actors fed in small batches.
+
+Each worker holds its imported agent and scorer, a cache of tapes by id, one pooled live
+upstream and its share of the provider's rate limit. The driver keeps a bounded window of
+batches in flight; a batch whose worker died comes back as `BatchLost`, and the caller
+decides what to retry (so the budget can count the lost attempt)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import structlog
+from ray.exceptions import RayActorError
+
+from ..providers import PriceTable
+from ..replay import (
+    AiohttpUpstream,
+    BaseUrls,
+    DivergenceError,
+    ForkRunner,
+    ForkSpec,
+    RateLimiter,
+    SpendLimit,
+)
+from ..tape import parse_tape
+
+log = structlog.get_logger("car_ray.execute")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker needs to run forks: plain data, so it crosses process lines."""
+
+    agent_ref: str
+    scorer_ref: str
+    search_path: tuple[str, ...]
+    base_urls: dict[str, str]
+    pricing: str | None = None
+    requests_per_minute: float | None = None
+    max_threads: int = 128
+
+
+@dataclass(frozen=True)
+class Item:
+    """One fork to run: the spec and its hard spend ceiling (its budget reservation)."""
+
+    spec: ForkSpec
+    stage: str
+    attempt: int = 0
+    limit: SpendLimit = field(default_factory=SpendLimit)
+
+
+class ForkWorker:
+    """A Ray actor (async): runs batches of forks concurrently on one event loop."""
+
+    def __init__(self, config: WorkerConfig) -> None:
+        from .._imports import import_ref
+
+        for folder in reversed(config.search_path):
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        paths = tuple(Path(p) for p in config.search_path)
+        agent = import_ref(config.agent_ref, "agent", paths)
+        scorer = import_ref(config.scorer_ref, "scorer", paths)
+        limiter = RateLimiter(config.requests_per_minute) if config.requests_per_minute else None
+        keys = {
+            "openai": os.environ.get("OPENAI_API_KEY", ""),
+            "anthropic": os.environ.get("ANTHROPIC_API_KEY", ""),
+        }
+        self.runner = ForkRunner(
+            agent,
+            scorer,
+            base_urls=BaseUrls(**config.base_urls),
+            upstream=AiohttpUpstream(limiter=limiter),
+            prices=PriceTable.load(Path(config.pricing) if config.pricing else None),
+            api_keys={k: v for k, v in keys.items() if v},
+            max_threads=config.max_threads,
+        )
+        self.name = f"{os.uname().nodename}:{os.getpid()}"
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    async def _ensure(self, tapes: dict[str, Any]) -> None:
+        for tape_id, ref in tapes.items():
+            if tape_id not in self.runner._tapes:
+                raw = await ref if isinstance(ref, ray.ObjectRef) else ref
+                self.runner.add_tape(parse_tape(raw, Path(f"<tape {tape_id[:12]}>")))
+
+    async def verify(self, tapes: dict[str, Any], tape_id: str) -> dict[str, Any]:
+        """Replay the tape here ($0): what the scheduler's `verify` stage needs."""
+        await self._ensure(tapes)
+        try:
+            await self.runner.replay(tape_id)
+        except DivergenceError as exc:
+            return {"ok": False, "divergence": exc.render()}
+        return {"ok": True, "recorded_outcome": self.runner.recorded_outcome(tape_id)}
+
+    async def run_batch(
+        self, tapes: dict[str, Any], items: list[tuple[str, str, int, float | None, int | None]]
+    ) -> list[dict[str, Any]]:
+        """Run forks concurrently; each row comes back with the worker's name and timing."""
+        await self._ensure(tapes)
+
+        async def one(
+            spec_json: str, stage: str, attempt: int, usd: float | None, tokens: int | None
+        ) -> dict[str, Any]:
+            spec = ForkSpec.model_validate_json(spec_json)
+            row = await self.runner.run(spec, SpendLimit(usd, tokens))
+            return {
+                **row.model_dump(),
+                "stage": stage,
+                "spec": spec_json,
+                "worker": self.name,
+                "attempt": attempt,
+            }
+
+        return list(await asyncio.gather(*(one(*item) for item in items)))
+
+
+class BatchLost(Exception):
+    """A batch whose worker died before answering: none of its rows are known."""
+
+    def __init__(self, items: list[Item], cause: BaseException) -> None:
+        self.items = items
+        self.cause = cause
+        super().__init__(f"{len(items)} forks lost with their worker: {cause!r}")
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Join `address`, or start an embedded local Ray: no dashboard, quiet logs."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return
+    import logging
+
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "log_to_driver": False,
+        "configure_logging": True,
+    }
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=num_cpus or os.cpu_count() or 2, **kwargs)
+
+
+class RayExecutor:
+    """A window of fork batches on a pool of `ForkWorker` actors."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        workers: int = 2,
+        batch_size: int = 16,
+        per_worker_in_flight: int = 64,
+    ) -> None:
+        share = (
+            WorkerConfig(
+                **{**config.__dict__, "requests_per_minute": config.requests_per_minute / workers}
+            )
+            if config.requests_per_minute
+            else config
+        )
+        actor = ray.remote(ForkWorker).options(
+            num_cpus=0,
+            max_concurrency=max(4, per_worker_in_flight // batch_size + 4),
+            max_restarts=-1,
+            max_task_retries=0,
+        )
+        # Ray's stubs do not type actor handles' remote methods: handles are Any here.
+        self.workers: list[Any] = [actor.remote(share) for _ in range(workers)]
+        self.batch_size = batch_size
+        self._tapes: dict[str, Any] = {}
+        self._pending: dict[Any, tuple[int, list[Item]]] = {}
+        self._next = 0
+        self.lost_batches = 0
+
+    def add_tape(self, tape_id: str, raw: bytes) -> None:
+        self._tapes[tape_id] = ray.put(raw)
+
+    def verify(self, tape_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = ray.get(self.workers[0].verify.remote(self._tapes, tape_id))
+        return result
+
+    def worker_pids(self) -> list[int]:
+        return [int(p) for p in ray.get([w.pid.remote() for w in self.workers])]
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(items) for _, items in self._pending.values())
+
+    def submit(self, items: Sequence[Item]) -> None:
+        """Hand forks to the workers in batches, round robin."""
+        for start in range(0, len(items), self.batch_size):
+            batch = list(items[start : start + self.batch_size])
+            index = self._next % len(self.workers)
+            self._next += 1
+            payload = [
+                (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.usd, i.limit.tokens)
+                for i in batch
+            ]
+            ref = self.workers[index].run_batch.remote(self._tapes, payload)
+            self._pending[ref] = (index, batch)
+
+    def wait(self, timeout_s: float = 0.5) -> Iterable[list[dict[str, Any]] | BatchLost]:
+        """Finished batches: their rows, or `BatchLost` for a batch whose worker died."""
+        if not self._pending:
+            return []
+        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        # Take everything else that is already done too, without waiting.
+        if ready:
+            more, _ = ray.wait(
+                [r for r in self._pending if r not in ready],
+                num_returns=len(self._pending) - len(ready),
+                timeout=0,
+            )
+            ready = ready + more
+        out: list[list[dict[str, Any]] | BatchLost] = []
+        for ref in ready:
+            _, batch = self._pending.pop(ref)
+            try:
+                out.append(ray.get(ref))
+            except RayActorError as exc:
+                self.lost_batches += 1
+                log.warning("batch_lost", forks=len(batch), error=type(exc).__name__)
+                out.append(BatchLost(batch, exc))
+        return out
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+        self._pending.clear()

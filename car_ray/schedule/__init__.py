@@ -1,0 +1,55 @@
+"""Scheduling: the budget ledger and the statistics that decide where the next forks go."""
+
+from __future__ import annotations
+
+from ._budget import (
+    Budget,
+    BudgetError,
+    BudgetGovernor,
+    Cost,
+    Headroom,
+    ReservationExceeded,
+)
+from ._estimators import (
+    CoalitionPlanner,
+    Estimate,
+    KernelShapPlanner,
+    Race,
+    ShapleyEstimates,
+    ShapleyPlanner,
+    StepAttribution,
+    confidence_sequence,
+    confidence_sequences,
+    exact_shapley,
+    shapley_coefficients,
+    shapley_planner,
+    wilson,
+)
+from ._plan import Arm, JobOutcome, Progress, Scheduler, job_id_of
+
+__all__ = [
+    "Arm",
+    "Budget",
+    "BudgetError",
+    "BudgetGovernor",
+    "CoalitionPlanner",
+    "Cost",
+    "Estimate",
+    "Headroom",
+    "JobOutcome",
+    "KernelShapPlanner",
+    "Progress",
+    "Race",
+    "ReservationExceeded",
+    "Scheduler",
+    "ShapleyEstimates",
+    "ShapleyPlanner",
+    "StepAttribution",
+    "confidence_sequence",
+    "confidence_sequences",
+    "exact_shapley",
+    "job_id_of",
+    "shapley_coefficients",
+    "shapley_planner",
+    "wilson",
+]

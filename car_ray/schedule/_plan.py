@@ -1,0 +1,603 @@
+"""The attribution job: verify → controls → screen → race → shapley → aggregate.
+
+Every stage is gated on the one before and on the budget. Forks go to the executor in
+batches; rows stream into the Parquet sink and the estimators as they arrive. A restarted
+job feeds the rows already written back into the estimators and never runs a task id twice:
+seeds are counted per stage and arm, so the j-th fork of an arm is always the same task."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .._canon import digest_of
+from ..execute import BatchLost, Item
+from ..job import Job
+from ..providers import PriceTable
+from ..replay import (
+    ForkSpec,
+    Intervention,
+    Resample,
+    SpendLimit,
+    Tail,
+    call_bound,
+    is_bad,
+)
+from ..tape import LlmEvent, Tape
+from ._budget import Budget, BudgetGovernor, Cost
+from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner
+
+log = structlog.get_logger("car_ray.schedule")
+
+CONTROL_FORKS = 4
+BASE_RATE_FORKS = 8
+SCREEN_FORKS = 4
+RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
+MIN_FORKS_PER_COALITION = 4
+OUTPUT_FLOOR_TOKENS = 256
+DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all
+TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One thing whose flip-rate the job measures: an intervention kind at a step."""
+
+    kind: str
+    step: int
+    intervention: Intervention
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}@{self.step}"
+
+
+@dataclass
+class Progress:
+    """What the live display shows; updated by the scheduler as rows arrive."""
+
+    stage: str = "verify"
+    done: int = 0
+    in_flight: int = 0
+    resumed: int = 0
+    lost: int = 0
+    spent: Cost = field(default_factory=Cost)
+    caps: Budget = field(default_factory=Budget)
+    leader: str = ""
+    started: float = field(default_factory=time.monotonic)
+    eta_s: float | None = None
+
+
+@dataclass
+class JobOutcome:
+    job_id: str
+    status: str
+    attribution: list[dict[str, Any]]
+    notes: list[str]
+    progress: Progress
+
+
+def job_id_of(job: Job, tape: Tape) -> str:
+    """The same request on the same tape is the same job (budget and output aside), so a
+    restart on the same output resumes it."""
+    spec = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
+    return digest_of({"tape": tape.tape_id, "request": spec})[:16]
+
+
+class Scheduler:
+    """Runs one attribution job over one tape with an executor and a sink."""
+
+    def __init__(
+        self,
+        job: Job,
+        tape: Tape,
+        *,
+        job_id: str,
+        executor: Any,
+        sink: Any,
+        budget: Budget,
+        prices: PriceTable,
+        already: list[dict[str, Any]] | None = None,
+        already_spent: Cost | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.spec = job.spec
+        self.tape = tape
+        self.executor = executor
+        self.sink = sink
+        self.prices = prices
+        self.alpha = 1 - self.spec.confidence
+        if all(v is None for v in (budget.max_forks, budget.max_usd, budget.max_tokens)):
+            budget = Budget(
+                max_forks=DEFAULT_MAX_FORKS,
+                max_usd=budget.max_usd,
+                max_tokens=budget.max_tokens,
+                max_wall_s=budget.max_wall_s,
+            )
+        self.budget = budget
+        self.governor = BudgetGovernor(budget, already_spent=already_spent or Cost())
+        self.progress = Progress(caps=budget)
+        self.on_progress = on_progress or (lambda p: None)
+        self.notes: list[str] = []
+        self.stage_times: dict[str, dict[str, float]] = {}
+        self._stage_started = time.monotonic()
+        self._stage_done = 0
+        self.status = "running"
+        self.steps = tape.steps
+        self.rows_by_arm: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+        self.rows_by_task: dict[str, dict[str, Any]] = {}
+        self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
+        self.arms = self._arms()
+        self.control_rows: list[dict[str, Any]] = []
+        self.base_rows: list[dict[str, Any]] = []
+        self.shapley: ShapleyPlanner[int] | None = None
+        self.races: dict[str, Race[str]] = {}
+        self.candidates: list[int] = []
+        self._attempts: dict[str, int] = {}
+        for row in already or []:
+            self._remember(row)
+        self.progress.resumed = len(already or [])
+
+    # -- arms and specs --------------------------------------------------------------------
+
+    def _arms(self) -> list[Arm]:
+        arms: list[Arm] = []
+        for entry in self.spec.interventions:
+            steps = entry.steps if entry.steps is not None else range(len(self.steps))
+            for k in steps:
+                if k >= len(self.steps):
+                    raise ValueError(
+                        f"{self.job.path}: interventions: step {k} does not exist "
+                        f"(the tape has steps 0..{len(self.steps) - 1})"
+                    )
+                arms.append(Arm(entry.kind, k, entry.intervention()))
+        return arms
+
+    def _spec(
+        self, stage: str, arm_key: str, plan: dict[int, Intervention], tail: Tail
+    ) -> ForkSpec:
+        seed = self.seed_next[(stage, arm_key)]
+        self.seed_next[(stage, arm_key)] = seed + 1
+        return ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=seed)
+
+    def estimate(self, spec: ForkSpec) -> Cost:
+        """An upper estimate of a fork's spend, from the recorded requests it may resend."""
+        first = min(spec.interventions, default=len(self.steps))
+        live = [
+            e
+            for e in self.steps
+            if isinstance(e, LlmEvent)
+            and e.step >= first
+            and (spec.tail == "live" or e.step in spec.interventions)
+        ]
+        calls = len(live) * (TAIL_SLACK if spec.tail == "live" else 1) + (1 if live else 0)
+        usd = tokens = 0.0
+        for event in live:
+            t, u = call_bound(event.request.body, self.prices, event.model, self.output_bound)
+            usd, tokens = max(usd, u), max(tokens, t)
+        return Cost(forks=1, usd=usd * calls, tokens=int(tokens * calls))
+
+    @property
+    def output_bound(self) -> int:
+        """Output tokens assumed for a call that sets no max_tokens: four times the most the
+        tape's model calls produced (a fork that would need more is cut, not overspent)."""
+        recorded = [e.usage.get("output_tokens", 0) for e in self.steps if isinstance(e, LlmEvent)]
+        return max(OUTPUT_FLOOR_TOKENS, 4 * max(recorded, default=0))
+
+    # -- rows ------------------------------------------------------------------------------
+
+    def _remember(self, row: dict[str, Any]) -> None:
+        """Feed a row (new or resumed) to the estimators; keep the seed counters ahead."""
+        task = row["task_id"]
+        if task in self.rows_by_task:
+            return
+        self.rows_by_task[task] = row
+        spec = ForkSpec.model_validate_json(row["spec"])
+        stage = row["stage"]
+        key = _arm_key(stage, spec)
+        self.seed_next[(stage, key)] = max(self.seed_next[(stage, key)], spec.seed + 1)
+        self.rows_by_arm[(stage, key)].append(row)
+
+    # -- running forks ------------------------------------------------------------------------
+
+    def _run(
+        self,
+        next_batch: Callable[[int], list[tuple[str, ForkSpec]] | None],
+        on_row: Callable[[dict[str, Any]], None],
+        on_unrun: Callable[[ForkSpec], None] = lambda spec: None,
+    ) -> bool:
+        """Run the forks a stage asks for until it says it is done (`next_batch` returns
+        None; an empty list means "nothing until more results arrive") or the budget refuses
+        one; True if the budget ran out. A lost batch (its worker died) is retried under a
+        new reservation, the lost attempt counted as spent."""
+        window = self.spec.provider.concurrency
+        exhausted = stage_done = False
+        keys: dict[str, str] = {}
+        queue: list[Any] = []
+        while True:
+            room = window - self.executor.in_flight - len(queue)
+            if not exhausted and not stage_done and room > 0:
+                batch = next_batch(room)
+                if batch is None:
+                    stage_done = True
+                    batch = []
+                for i, (stage, spec) in enumerate(batch):
+                    task = spec.task_id
+                    if task in self.rows_by_task:  # written by an earlier run of this job
+                        on_row(self.rows_by_task[task])
+                        continue
+                    item = self._reserve(stage, spec, keys)
+                    if item is None:
+                        exhausted = True
+                        for _, unrun in batch[i:]:
+                            on_unrun(unrun)
+                        break
+                    queue.append(item)
+            if queue:
+                self.executor.submit(queue)
+                queue = []
+            if self.executor.in_flight == 0:
+                if exhausted or stage_done:
+                    return exhausted
+                if not batch:
+                    # The stage wants nothing and nothing is in flight: it cannot progress.
+                    return exhausted
+                continue
+            self.progress.in_flight = self.executor.in_flight
+            for result in self.executor.wait(0.25):
+                if isinstance(result, BatchLost):
+                    self.progress.lost += len(result.items)
+                    for item in result.items:
+                        self.governor.lose(keys.pop(item.spec.task_id))
+                        retry = self._reserve(item.stage, item.spec, keys, item.attempt + 1)
+                        if retry is None:
+                            exhausted = True
+                            on_unrun(item.spec)
+                        else:
+                            queue.append(retry)
+                    continue
+                for row in result:
+                    row["job_id"] = self.job_id
+                    row["finished_at"] = datetime.now(UTC)
+                    self.governor.settle(
+                        keys.pop(row["task_id"]),
+                        Cost(1, row["cost_usd"], row["tokens_in"] + row["tokens_out"]),
+                    )
+                    if self.sink.add(row):
+                        self._remember(row)
+                        on_row(row)
+                    self.progress.done += 1
+            self.sink.maybe_flush()
+            self._tick()
+
+    def _reserve(
+        self, stage: str, spec: ForkSpec, keys: dict[str, str], attempt: int = 0
+    ) -> Item | None:
+        estimate = self.estimate(spec)
+        key = f"{spec.task_id}#{attempt}"
+        if not self.governor.try_reserve(key, estimate):
+            return None
+        keys[spec.task_id] = key
+        return Item(
+            spec, stage, attempt, SpendLimit(estimate.usd, estimate.tokens, self.output_bound)
+        )
+
+    def _tick(self) -> None:
+        self.progress.spent = self.governor.spent
+        elapsed = time.monotonic() - self.progress.started
+        caps = self.budget
+        if caps.max_forks and self.progress.done:
+            used = self.governor.spent.forks + self.governor.reserved.forks
+            rate = self.progress.done / max(elapsed, 1e-9)
+            self.progress.eta_s = max(0.0, (caps.max_forks - used) / max(rate, 1e-9))
+        self.on_progress(self.progress)
+
+    # -- stages ------------------------------------------------------------------------------
+
+    def _stage(self, name: str) -> None:
+        """Enter a stage: the last one's forks and wall time go into `stage_times`."""
+        now = time.monotonic()
+        entry = self.stage_times.setdefault(self.progress.stage, {"forks": 0, "wall_s": 0.0})
+        entry["forks"] += self.progress.done - self._stage_done
+        entry["wall_s"] = round(entry["wall_s"] + now - self._stage_started, 3)
+        self.progress.stage = name
+        self._stage_started = now
+        self._stage_done = self.progress.done
+
+    def run(self) -> JobOutcome:
+        self.progress.stage = "verify"
+        self._tick()
+        check = self.executor.verify(self.tape.tape_id)
+        if not check["ok"]:
+            self.status = "verify_failed"
+            self.notes.append(check["divergence"])
+            return self._finish()
+        out_of_budget = self._controls()
+        if not out_of_budget:
+            out_of_budget = self._screen()
+        if not out_of_budget and self.spec.method in ("auto", "flip"):
+            out_of_budget = self._race()
+        if not out_of_budget and self.spec.method in ("auto", "shapley"):
+            out_of_budget = self._shapley()
+        self.status = "budget_exhausted" if out_of_budget else "complete"
+        return self._finish()
+
+    def _controls(self) -> bool:
+        self._stage("controls")
+        all_steps: dict[int, Intervention] = {k: Resample() for k in range(len(self.steps))}
+        pin_all: tuple[str, dict[int, Intervention], Tail] = ("pinned", {}, "pinned")
+        redraw_all: tuple[str, dict[int, Intervention], Tail] = ("base", all_steps, "live")
+        plan = [pin_all] * CONTROL_FORKS + [redraw_all] * BASE_RATE_FORKS
+        given = iter(plan)
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            out = [
+                ("controls", self._spec("controls", key, dict(p), tail))
+                for key, p, tail in itertools.islice(given, room)
+            ]
+            return out or None
+
+        exhausted = self._run(next_batch, lambda row: None)
+        pinned = self.rows_by_arm[("controls", "pinned")]
+        bad = [r for r in pinned if r["outcome"] != r["recorded_outcome"]]
+        if bad or any(r["status"] != "ok" for r in pinned):
+            self.notes.append(
+                f"NEGATIVE CONTROL FAILED: {len(bad)} of {len(pinned)} pinned-everything forks "
+                "did not reproduce the recorded outcome; the attribution below is suspect "
+                "(nondeterminism outside the context's seams?)"
+            )
+            log.warning("control_failed", failures=len(bad))
+        base = [r for r in self.rows_by_arm[("controls", "base")] if r["outcome"] is not None]
+        if base:
+            rate = sum(is_bad(r["outcome"]) for r in base) / len(base)
+            self.notes.append(
+                f"base rate (everything re-drawn): {rate:.2f} bad over {len(base)} forks"
+            )
+        return exhausted
+
+    def _arm_rows(self, arm: Arm) -> list[dict[str, Any]]:
+        return self.rows_by_arm[("screen", arm.key)] + self.rows_by_arm[("race", arm.key)]
+
+    def _screen(self) -> bool:
+        self._stage("screen")
+        plan = iter([arm for _ in range(SCREEN_FORKS) for arm in self.arms])
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            out = [
+                ("screen", self._spec("screen", arm.key, {arm.step: arm.intervention}, "live"))
+                for arm in itertools.islice(plan, room)
+            ]
+            return out or None
+
+        return self._run(next_batch, lambda row: None)
+
+    def _race(self) -> bool:
+        self._stage("race")
+        by_key = {arm.key: arm for arm in self.arms}
+        for arm in self.arms:
+            race = self.races.setdefault(
+                arm.kind, Race([a.key for a in self.arms if a.kind == arm.kind], alpha=self.alpha)
+            )
+            for row in self._arm_rows(arm):
+                if row["flipped"] is not None:
+                    race.update(arm.key, float(row["flipped"]))
+        quota = self._quota(RACE_SHARE)
+        sent = 0
+
+        def on_row(row: dict[str, Any]) -> None:
+            key = _arm_key("race", ForkSpec.model_validate_json(row["spec"]))
+            race = self.races[by_key[key].kind]
+            if row["flipped"] is None:
+                race.cancel(key)
+            else:
+                race.update(key, float(row["flipped"]))
+            self.progress.leader = _leader_text(self.races)
+
+        def on_unrun(spec: ForkSpec) -> None:
+            key = _arm_key("race", spec)
+            self.races[by_key[key].kind].cancel(key)
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            nonlocal sent
+            target = self.spec.target_half_width
+            open_races = [r for r in self.races.values() if r.done(target) is None]
+            if not open_races or sent >= quota:
+                return None
+            out: list[tuple[str, ForkSpec]] = []
+            for race in open_races:
+                for key in race.next_arms(max(1, min(room, quota - sent) // len(open_races))):
+                    arm = by_key[key]
+                    out.append(
+                        ("race", self._spec("race", key, {arm.step: arm.intervention}, "live"))
+                    )
+                    sent += 1
+            return out
+
+        exhausted = self._run(next_batch, on_row, on_unrun)
+        for kind, race in self.races.items():
+            verdict = race.done(self.spec.target_half_width)
+            leader = race.leader()
+            self.notes.append(
+                f"race ({kind}): "
+                + (
+                    f"{verdict}, leader {leader}"
+                    if verdict
+                    else "stopped by its share of the budget"
+                )
+            )
+        return exhausted
+
+    def _quota(self, share: float) -> int:
+        """Forks a stage may plan for: a share of what the caps leave, at the mean cost of
+        the forks run so far. Only a plan: the governor enforces the caps."""
+        left = self.governor.remaining()
+        done = [r for r in self.rows_by_task.values()]
+        counts = []
+        if left.forks is not None:
+            counts.append(left.forks)
+        if left.usd is not None:
+            per_usd = max(1e-12, sum(r["cost_usd"] for r in done) / max(1, len(done)))
+            counts.append(int(left.usd / per_usd))
+        if left.tokens is not None:
+            per_tok = max(
+                1.0, sum(r["tokens_in"] + r["tokens_out"] for r in done) / max(1, len(done))
+            )
+            counts.append(int(left.tokens / per_tok))
+        return int(share * min(counts)) if counts else DEFAULT_MAX_FORKS
+
+    def _shapley(self) -> bool:
+        self._stage("shapley")
+        resample = [a for a in self.arms if a.kind == "resample"]
+        if len(resample) < 2:
+            return False
+        rates = {a.step: _rate(self._arm_rows(a)) for a in resample}
+        # As many candidates (by flip-rate, at most ten) as the budget can give every
+        # coalition a few forks: 2^k coalitions, MIN_FORKS_PER_COALITION each.
+        left = self._quota(1.0)
+        size = 2
+        while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
+            size += 1
+        self.candidates = sorted(sorted(rates, key=lambda k: (-rates[k], k))[:size])
+        if size < len(rates):
+            self.notes.append(
+                f"shapley over the top {size} of {len(rates)} steps by flip-rate "
+                f"({sorted(self.candidates)}): the budget left allows no more"
+            )
+        planner: ShapleyPlanner[int] = shapley_planner(self.candidates, alpha=self.alpha)
+        self.shapley = planner
+        for (stage, key), rows in self.rows_by_arm.items():
+            if stage == "shapley":
+                coalition = frozenset(int(k) for k in key.split(",") if k)
+                for row in rows:
+                    if row["outcome"] is not None:
+                        planner.update(coalition, float(is_bad(row["outcome"])))
+
+        def on_row(row: dict[str, Any]) -> None:
+            coalition = frozenset(ForkSpec.model_validate_json(row["spec"]).interventions)
+            if row["outcome"] is None:
+                planner.cancel(coalition)
+            else:
+                planner.update(coalition, float(is_bad(row["outcome"])))
+
+        def on_unrun(spec: ForkSpec) -> None:
+            planner.cancel(frozenset(spec.interventions))
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            estimates = planner.estimates()
+            measured = planner.counts
+            if len(measured) == 2 ** len(self.candidates) and all(
+                (a.phi.high - a.phi.low) / 2 <= self.spec.target_half_width
+                for a in estimates.steps.values()
+            ):
+                return None
+            out = []
+            for coalition in planner.next_coalitions(room):
+                key = ",".join(map(str, sorted(coalition)))
+                # Common random numbers: the j-th draw of every coalition uses seed j.
+                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                out.append(("shapley", self._spec("shapley", key, plan, "pinned")))
+            return out
+
+        return self._run(next_batch, on_row, on_unrun)
+
+    # -- aggregate ----------------------------------------------------------------------------
+
+    def _finish(self) -> JobOutcome:
+        self._stage("aggregate")
+        self.sink.flush()
+        rows = self.aggregate()
+        self._tick()
+        return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress)
+
+    def aggregate(self) -> list[dict[str, Any]]:
+        z_alpha = self.alpha
+        shap = self.shapley.estimates().rows() if self.shapley is not None else {}
+        out: list[dict[str, Any]] = []
+        for arm in self.arms:
+            rows = [r for r in self._arm_rows(arm) if r["flipped"] is not None]
+            flips = sum(bool(r["flipped"]) for r in rows)
+            n = len(rows)
+            lo, hi = confidence_sequence(flips, n, z_alpha) if n else (None, None)
+            event = self.steps[arm.step]
+            record: dict[str, Any] = {
+                "step": arm.step,
+                "kind": event.type,
+                "label": f"{event.provider}:{event.model}"
+                if isinstance(event, LlmEvent)
+                else event.name,
+                "intervention": arm.kind,
+                "flip_rate": flips / n if n else None,
+                "flip_lo": lo,
+                "flip_hi": hi,
+                "flip_n": n,
+                "phi": None,
+                "phi_lo": None,
+                "phi_hi": None,
+                "phi_se": None,
+                "necessity": None,
+                "necessity_lo": None,
+                "necessity_hi": None,
+                "necessity_n": 0,
+                "sufficiency": None,
+                "sufficiency_lo": None,
+                "sufficiency_hi": None,
+                "sufficiency_n": 0,
+                "rank": None,
+            }
+            if arm.kind == "resample" and arm.step in shap:
+                record.update({k: v for k, v in shap[arm.step].items() if k != "phi_n"})
+            out.append(record)
+        for kind in {r["intervention"] for r in out}:
+            ranked = sorted(
+                (r for r in out if r["intervention"] == kind),
+                key=lambda r: (
+                    -(r["phi"] if r["phi"] is not None else float("-inf")),
+                    -(r["flip_rate"] or 0.0),
+                ),
+            )
+            for i, r in enumerate(ranked, start=1):
+                r["rank"] = i
+        return sorted(out, key=lambda r: (r["intervention"], r["rank"]))
+
+
+def _rate(rows: list[dict[str, Any]]) -> float:
+    known = [r for r in rows if r["flipped"] is not None]
+    return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
+
+
+def _arm_key(stage: str, spec: ForkSpec) -> str:
+    """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
+    if stage == "shapley":
+        return ",".join(map(str, sorted(spec.interventions)))
+    if stage == "controls":
+        return "pinned" if not spec.interventions else "base"
+    ((step, iv),) = spec.interventions.items()
+    return f"{iv.kind}@{step}"
+
+
+def _leader_text(races: dict[str, Race[str]]) -> str:
+    parts = []
+    for kind, race in races.items():
+        leader = race.leader()
+        if leader is not None:
+            lo, hi = race.interval(leader)
+            parts.append(f"{kind}: {leader} [{lo:.2f}, {hi:.2f}]")
+    return "; ".join(parts)
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def tape_bytes(path: Path) -> bytes:
+    return path.read_bytes()
