@@ -56,3 +56,20 @@ def support_tape(
     )
     assert outcome.error is None
     return tape
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One embedded Ray for the whole session: starting it costs seconds and most of a GB."""
+    import ray
+
+    from car_ray.execute import init_ray
+
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_tape_path(support_tape: Tape) -> Path:
+    return support_tape.path

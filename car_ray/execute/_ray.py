@@ -105,16 +105,14 @@ class ForkWorker:
         return {"ok": True, "recorded_outcome": self.runner.recorded_outcome(tape_id)}
 
     async def run_batch(
-        self, tapes: dict[str, Any], items: list[tuple[str, str, int, float | None, int | None]]
+        self, tapes: dict[str, Any], items: list[tuple[str, str, int, str]]
     ) -> list[dict[str, Any]]:
         """Run forks concurrently; each row comes back with the worker's name and timing."""
         await self._ensure(tapes)
 
-        async def one(
-            spec_json: str, stage: str, attempt: int, usd: float | None, tokens: int | None
-        ) -> dict[str, Any]:
+        async def one(spec_json: str, stage: str, attempt: int, limit_json: str) -> dict[str, Any]:
             spec = ForkSpec.model_validate_json(spec_json)
-            row = await self.runner.run(spec, SpendLimit(usd, tokens))
+            row = await self.runner.run(spec, SpendLimit.model_validate_json(limit_json))
             return {
                 **row.model_dump(),
                 "stage": stage,
@@ -207,7 +205,7 @@ class RayExecutor:
             index = self._next % len(self.workers)
             self._next += 1
             payload = [
-                (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.usd, i.limit.tokens)
+                (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json())
                 for i in batch
             ]
             ref = self.workers[index].run_batch.remote(self._tapes, payload)

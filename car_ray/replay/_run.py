@@ -22,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import structlog
+from pydantic import BaseModel, ConfigDict
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
 from ..providers import (
@@ -105,10 +106,11 @@ class Spend:
     cost_usd: float = 0.0
 
 
-@dataclass(frozen=True)
-class SpendLimit:
+class SpendLimit(BaseModel):
     """A fork's hard ceiling (its budget reservation): a live call that could cross it is
     not made, and the fork ends as `budget_cut`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     usd: float | None = None
     tokens: int | None = None

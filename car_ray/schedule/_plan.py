@@ -166,21 +166,18 @@ class Scheduler:
     def _spec(
         self, stage: str, arm_key: str, plan: dict[int, Intervention], tail: Tail
     ) -> ForkSpec:
-        seed = self.seed_next[(stage, arm_key)]
-        self.seed_next[(stage, arm_key)] = seed + 1
+        counter = (stage, _seed_key(stage, arm_key))
+        seed = self.seed_next[counter]
+        self.seed_next[counter] = seed + 1
         return ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=seed)
 
     def estimate(self, spec: ForkSpec) -> Cost:
         """An upper estimate of a fork's spend, from the recorded requests it may resend."""
         first = min(spec.interventions, default=len(self.steps))
-        live = [
-            e
-            for e in self.steps
-            if isinstance(e, LlmEvent)
-            and e.step >= first
-            and (spec.tail == "live" or e.step in spec.interventions)
-        ]
-        calls = len(live) * (TAIL_SLACK if spec.tail == "live" else 1) + (1 if live else 0)
+        # Pinned tails too: a pin is lost (and the call goes live) when the run's shape
+        # leaves the tape's, so every later model call may be live.
+        live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
+        calls = len(live) * TAIL_SLACK + (1 if live else 0)
         usd = tokens = 0.0
         for event in live:
             t, u = call_bound(event.request.body, self.prices, event.model, self.output_bound)
@@ -205,7 +202,8 @@ class Scheduler:
         spec = ForkSpec.model_validate_json(row["spec"])
         stage = row["stage"]
         key = _arm_key(stage, spec)
-        self.seed_next[(stage, key)] = max(self.seed_next[(stage, key)], spec.seed + 1)
+        counter = (stage, _seed_key(stage, key))
+        self.seed_next[counter] = max(self.seed_next[counter], spec.seed + 1)
         self.rows_by_arm[(stage, key)].append(row)
 
     # -- running forks ------------------------------------------------------------------------
@@ -224,13 +222,21 @@ class Scheduler:
         exhausted = stage_done = False
         keys: dict[str, str] = {}
         queue: list[Any] = []
+        # Forks the governor refused while others were in flight: reservations are upper
+        # bounds, so settling those may free room. Only a refusal with nothing in flight
+        # means the budget is spent.
+        waiting: list[tuple[str, ForkSpec]] = []
         while True:
             room = window - self.executor.in_flight - len(queue)
-            if not exhausted and not stage_done and room > 0:
-                batch = next_batch(room)
-                if batch is None:
-                    stage_done = True
-                    batch = []
+            asked = False
+            if not exhausted and room > 0 and (waiting or not stage_done):
+                if waiting:
+                    batch, waiting = waiting, []
+                else:
+                    asked = True
+                    got = next_batch(room)
+                    stage_done = got is None
+                    batch = got or []
                 for i, (stage, spec) in enumerate(batch):
                     task = spec.task_id
                     if task in self.rows_by_task:  # written by an earlier run of this job
@@ -238,18 +244,21 @@ class Scheduler:
                         continue
                     item = self._reserve(stage, spec, keys)
                     if item is None:
-                        exhausted = True
-                        for _, unrun in batch[i:]:
-                            on_unrun(unrun)
+                        if self.executor.in_flight or queue:
+                            waiting = batch[i:]
+                        else:
+                            exhausted = True
+                            for _, unrun in batch[i:]:
+                                on_unrun(unrun)
                         break
                     queue.append(item)
             if queue:
                 self.executor.submit(queue)
                 queue = []
             if self.executor.in_flight == 0:
-                if exhausted or stage_done:
+                if exhausted or (stage_done and not waiting):
                     return exhausted
-                if not batch:
+                if asked and not batch and not waiting:
                     # The stage wants nothing and nothing is in flight: it cannot progress.
                     return exhausted
                 continue
@@ -289,7 +298,12 @@ class Scheduler:
             return None
         keys[spec.task_id] = key
         return Item(
-            spec, stage, attempt, SpendLimit(estimate.usd, estimate.tokens, self.output_bound)
+            spec,
+            stage,
+            attempt,
+            SpendLimit(
+                usd=estimate.usd, tokens=estimate.tokens, default_output_tokens=self.output_bound
+            ),
         )
 
     def _tick(self) -> None:
@@ -391,7 +405,8 @@ class Scheduler:
             for row in self._arm_rows(arm):
                 if row["flipped"] is not None:
                     race.update(arm.key, float(row["flipped"]))
-        quota = self._quota(RACE_SHARE)
+        # With Shapley to follow, the race keeps to its share; alone, it may use it all.
+        quota = self._quota(RACE_SHARE if self.spec.method == "auto" else 1.0)
         sent = 0
 
         def on_row(row: dict[str, Any]) -> None:
@@ -503,7 +518,6 @@ class Scheduler:
             out = []
             for coalition in planner.next_coalitions(room):
                 key = ",".join(map(str, sorted(coalition)))
-                # Common random numbers: the j-th draw of every coalition uses seed j.
                 plan: dict[int, Intervention] = {k: Resample() for k in coalition}
                 out.append(("shapley", self._spec("shapley", key, plan, "pinned")))
             return out
@@ -573,6 +587,16 @@ class Scheduler:
 def _rate(rows: list[dict[str, Any]]) -> float:
     known = [r for r in rows if r["flipped"] is not None]
     return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
+
+
+def _seed_key(stage: str, arm_key: str) -> str:
+    """Which forks share a seed counter. Screen and race count per arm, so the j-th fork of
+    every arm uses seed j: common random numbers make flip-rates of different steps
+    comparable. Shapley counts over the whole stage, so every coalition draws fresh seeds:
+    with Neyman allocation giving most coalitions a handful of forks, shared seeds would make
+    all of them see the same few draws (measured on the demo: every coalition holding the
+    decision step saw seeds 0-2 only, and phi collapsed toward zero with a tiny variance)."""
+    return "all" if stage == "shapley" else arm_key
 
 
 def _arm_key(stage: str, spec: ForkSpec) -> str:
