@@ -178,6 +178,7 @@ def attribute(
                 base_urls=urls.as_dict(),
                 pricing=settings.pricing,
                 requests_per_minute=settings.requests_per_minute,
+                tokens_per_minute=settings.tokens_per_minute,
             ),
             workers=settings.workers,
             per_worker_in_flight=max(1, settings.concurrency // settings.workers),

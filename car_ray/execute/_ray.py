@@ -11,7 +11,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class WorkerConfig:
     base_urls: dict[str, str]
     pricing: str | None = None
     requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
     max_threads: int = 128
 
 
@@ -70,7 +71,10 @@ class ForkWorker:
         paths = tuple(Path(p) for p in config.search_path)
         agent = import_ref(config.agent_ref, "agent", paths)
         scorer = import_ref(config.scorer_ref, "scorer", paths)
-        limiter = RateLimiter(config.requests_per_minute) if config.requests_per_minute else None
+        limited = config.requests_per_minute or config.tokens_per_minute
+        limiter = (
+            RateLimiter(config.requests_per_minute, config.tokens_per_minute) if limited else None
+        )
         keys = {
             "openai": os.environ.get("OPENAI_API_KEY", ""),
             "anthropic": os.environ.get("ANTHROPIC_API_KEY", ""),
@@ -163,12 +167,12 @@ class RayExecutor:
         batch_size: int = 16,
         per_worker_in_flight: int = 64,
     ) -> None:
-        share = (
-            WorkerConfig(
-                **{**config.__dict__, "requests_per_minute": config.requests_per_minute / workers}
-            )
-            if config.requests_per_minute
-            else config
+        # Each worker gets its share of the provider's limits.
+        rpm, tpm = config.requests_per_minute, config.tokens_per_minute
+        share = replace(
+            config,
+            requests_per_minute=rpm / workers if rpm else None,
+            tokens_per_minute=tpm / workers if tpm else None,
         )
         actor = ray.remote(ForkWorker).options(
             num_cpus=0,

@@ -58,25 +58,41 @@ class RetryPolicy:
 
 
 class RateLimiter:
-    """A token bucket over requests per minute: a worker's share of the provider's limit."""
+    """Token buckets over requests and (estimated) tokens per minute: a worker's share of
+    the provider's limits. A request waits until both buckets can pay for it."""
 
-    def __init__(self, requests_per_minute: float, burst: int | None = None) -> None:
-        if requests_per_minute <= 0:
-            raise ValueError("requests_per_minute must be positive")
-        self.rate_per_s = requests_per_minute / 60.0
-        self.capacity = float(burst or max(1, int(self.rate_per_s)))
-        self._tokens = self.capacity
-        self._stamp = time.monotonic()
+    def __init__(
+        self, requests_per_minute: float | None = None, tokens_per_minute: float | None = None
+    ) -> None:
+        self._requests = _Bucket(requests_per_minute) if requests_per_minute else None
+        self._tokens = _Bucket(tokens_per_minute) if tokens_per_minute else None
 
-    async def acquire(self) -> None:
+    async def acquire(self, tokens: int = 0) -> None:
+        for bucket, cost in ((self._requests, 1.0), (self._tokens, float(tokens))):
+            if bucket is not None and cost > 0:
+                await bucket.take(cost)
+
+
+class _Bucket:
+    def __init__(self, per_minute: float) -> None:
+        if per_minute <= 0:
+            raise ValueError("a rate limit must be positive")
+        self.rate_per_s = per_minute / 60.0
+        # Up to one second's worth at once (at least one request's worth).
+        self.capacity = max(1.0, self.rate_per_s)
+        self.level = self.capacity
+        self.stamp = time.monotonic()
+
+    async def take(self, cost: float) -> None:
+        cost = min(cost, self.capacity)  # a request larger than the bucket waits for a full one
         while True:
             now = time.monotonic()
-            self._tokens = min(self.capacity, self._tokens + (now - self._stamp) * self.rate_per_s)
-            self._stamp = now
-            if self._tokens >= 1:
-                self._tokens -= 1
+            self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate_per_s)
+            self.stamp = now
+            if self.level >= cost:
+                self.level -= cost
                 return
-            await asyncio.sleep((1 - self._tokens) / self.rate_per_s)
+            await asyncio.sleep((cost - self.level) / self.rate_per_s)
 
 
 class Upstream(Protocol):
@@ -101,7 +117,8 @@ class _RetryingUpstream:
         while True:
             response: WireResponse | None = None
             if self.limiter is not None:
-                await self.limiter.acquire()
+                # About four bytes of JSON a token: the limiter needs an estimate up front.
+                await self.limiter.acquire(len(request.body) // 4)
             try:
                 response = await self._once(request)
             except (TimeoutError, aiohttp.ClientError, httpx2.TransportError):
