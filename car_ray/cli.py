@@ -34,8 +34,10 @@ from .tape import LlmEvent, Tape, TapeError, load_tape
 app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sim_app = typer.Typer(no_args_is_help=True, help="The simulated model provider.")
 app.add_typer(sim_app, name="sim")
-console = Console()
-err = Console(stderr=True)
+# Logs and pipes get a table wide enough to read; a terminal gets its own width.
+_WIDTH = None if sys.stdout.isatty() else 150
+console = Console(width=_WIDTH)
+err = Console(stderr=True, width=_WIDTH)
 T = TypeVar("T")
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
