@@ -8,6 +8,7 @@ in flight and stop whenever the budget ends, with intervals that stay honest.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import deque
@@ -17,7 +18,9 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from scipy.special import betaln, expit
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+from scipy.special import betaln, expit, stdtrit
 from scipy.stats import norm
 
 A = TypeVar("A", bound=Hashable)
@@ -34,8 +37,19 @@ def _check_alpha(alpha: float) -> None:
         raise ValueError(f"alpha must be in (0, 1) (1 - confidence); got {alpha!r}")
 
 
+@functools.lru_cache(maxsize=64)
 def _z(alpha: float) -> float:
     return float(norm.ppf(1.0 - alpha / 2.0))
+
+
+def _t(alpha: float, clusters: FloatArray) -> FloatArray:
+    """Two-sided Student-t critical values with clusters - 1 degrees of freedom, the usual
+    reference for a cluster-robust standard error; infinite below two (effective) clusters:
+    one cluster says nothing about the spread between clusters."""
+    df = np.asarray(clusters, dtype=np.float64) - 1.0
+    ok = df >= 1.0
+    crit = stdtrit(np.where(ok, df, 1.0), 1.0 - alpha / 2.0)
+    return np.where(ok, crit, np.inf)
 
 
 # -- confidence sequences and intervals -------------------------------------------------------
@@ -378,7 +392,7 @@ class ShapleyPlanner(Protocol[P]):
 
     def next_coalitions(self, k: int) -> list[frozenset[P]]: ...
 
-    def update(self, coalition: Iterable[P], bad: float) -> None: ...
+    def update(self, coalition: Iterable[P], bad: float, seed: int | None = None) -> None: ...
 
     def cancel(self, coalition: Iterable[P]) -> None: ...
 
@@ -403,6 +417,10 @@ class _Coalitions(Generic[P]):
         self.full = (1 << self.n) - 1
         self._bit = {p: 1 << i for i, p in enumerate(self.players)}
         self._tally: dict[int, list[float]] = {}  # mask -> [forks, bad]
+        # Forks sharing a seed share their live draws (common random numbers), so they are
+        # dependent across coalitions: each seed is one cluster; a fork without one is its own.
+        self._seed_cluster: dict[int, int] = {}
+        self._clusters = 0
 
     def mask(self, coalition: Iterable[P]) -> int:
         m = 0
@@ -418,12 +436,20 @@ class _Coalitions(Generic[P]):
     def coalition(self, mask: int) -> frozenset[P]:
         return frozenset(p for i, p in enumerate(self.players) if mask >> i & 1)
 
-    def _record(self, mask: int, bad: float) -> None:
+    def _record(self, mask: int, bad: float, seed: int | None) -> int:
+        """Tally one outcome; return the cluster (seed) it belongs to."""
         if not 0.0 <= bad <= 1.0:
             raise ValueError(f"coalition outcomes are in [0, 1] (1 = bad); got {bad!r}")
         tally = self._tally.setdefault(mask, [0.0, 0.0])
         tally[0] += 1
         tally[1] += bad
+        cluster = self._seed_cluster.get(seed) if seed is not None else None
+        if cluster is None:
+            cluster = self._clusters
+            self._clusters += 1
+            if seed is not None:
+                self._seed_cluster[seed] = cluster
+        return cluster
 
     @property
     def counts(self) -> dict[frozenset[P], int]:
@@ -477,14 +503,63 @@ def _shrunk_variance(forks: FloatArray, bad: FloatArray) -> FloatArray:
     return np.asarray(p * (1.0 - p), dtype=np.float64)
 
 
+class _Observations:
+    """Every fork's (coalition mask, cluster, outcome), in arrays that grow by doubling."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self._mask = np.empty(256, dtype=np.int64)
+        self._cluster = np.empty(256, dtype=np.int64)
+        self._y = np.empty(256)
+
+    def append(self, mask: int, cluster: int, y: float) -> None:
+        if self.size == self._y.size:
+            grown = 2 * self.size
+            self._mask = np.resize(self._mask, grown)
+            self._cluster = np.resize(self._cluster, grown)
+            self._y = np.resize(self._y, grown)
+        self._mask[self.size] = mask
+        self._cluster[self.size] = cluster
+        self._y[self.size] = y
+        self.size += 1
+
+    def arrays(self) -> tuple[NDArray[np.int64], NDArray[np.int64], FloatArray]:
+        k = self.size
+        return self._mask[:k], self._cluster[:k], self._y[:k]
+
+
 class CoalitionPlanner(_Coalitions[P]):
     """Shapley blame by evaluating every coalition (2^n of them, for n <= ~10 candidates).
 
-    phi_i = sum_S a[i, S] v(S) is linear in the coalition values, so with independent forks
-    Var(phi_i) = sum_S a[i, S]^2 p_S (1 - p_S) / n_S. Forks go where they cut the summed
-    variance most (Neyman allocation, n_S proportional to sqrt(sum_i a[i, S]^2 p_S (1 - p_S))),
-    after `min_per_coalition` forks for every coalition. Intervals are normal, per step; an
-    unmeasured coalition widens them by everything it could contribute.
+    phi_i = sum_S a[i, S] ybar_S is linear in the forks' outcomes. Forks go where they cut the
+    summed variance most (Neyman allocation, n_S proportional to
+    sqrt(sum_i a[i, S]^2 p_S (1 - p_S)), a heuristic that treats coalitions as independent),
+    after `min_per_coalition` forks for every coalition.
+
+    The reported variance does not assume independence across coalitions: forks that share a
+    seed share their live draws (common random numbers), so each seed is a cluster (a fork
+    without a seed is a cluster of its own) and the variance is cluster-robust (CR2, Bell &
+    McCaffrey 2002, which for this cell-means design is a per-fork rescaling):
+
+        Var(phi_i) = sum_j r_ij^2
+                     + sum_S a[i, S]^2 max(0, pt_S (1 - pt_S) - s_S^2) / n_S,
+        r_ij = sum_{forks (S, y) with seed j} a[i, S] (y - ybar_S) / sqrt(n_S (n_S - 1)),
+
+    with s_S^2 the unbiased sample variance of S's forks and pt_S = (bad_S + 1) / (n_S + 2)
+    (a coalition seen once has no residual and s_S^2 = 0). The first sum is CR2: exactly
+    unbiased both when every fork has its own seed (it is then the unbiased heteroscedastic
+    sum_S a^2 s_S^2 / n_S) and when every seed covers every coalition once (it is then
+    J/(J - 1) times the CR0 sum, J the number of seeds). The second, never negative, keeps the
+    Laplace-shrunk floor of the independent estimator, so 0/2 or 2/2 is never taken for a
+    deterministic coalition. Without seeds the whole is sum_S a^2 max(pt (1 - pt), s^2) / n_S.
+
+    Intervals are phi +- t SE per step, t with G* - 1 degrees of freedom, G* the effective
+    number of clusters (`_effective`): when the j-th fork of every coalition has seed j, the
+    first few seeds hold every coalition, so G* is about the forks per coalition, not the
+    number of seeds; with a fresh seed per fork it is in the thousands (t is then the normal
+    quantile within a fraction of a percent). Below two effective clusters the interval is
+    [-1, 1] and the SE None. An unmeasured coalition widens the interval by everything it
+    could contribute.
     """
 
     def __init__(self, players: Iterable[P], alpha: float, *, min_per_coalition: int = 2) -> None:
@@ -502,16 +577,19 @@ class CoalitionPlanner(_Coalitions[P]):
         self._forks = np.zeros(1 << self.n)
         self._bad = np.zeros(1 << self.n)
         self._pending = np.zeros(1 << self.n, dtype=np.int64)
+        self._obs = _Observations()
+        self._cached: tuple[int, FloatArray, FloatArray] | None = None  # forks, var, clusters
 
     @property
     def coalitions(self) -> list[frozenset[P]]:
         """Every coalition of resampled steps, in bitmask order."""
         return [self.coalition(m) for m in range(1 << self.n)]
 
-    def update(self, coalition: Iterable[P], bad: float) -> None:
-        """Record one fork's outcome (1.0 = bad) for the coalition of resampled steps."""
+    def update(self, coalition: Iterable[P], bad: float, seed: int | None = None) -> None:
+        """Record one fork's outcome (1.0 = bad) for the coalition of resampled steps; forks
+        with the same `seed` (common random numbers) are one cluster, None is its own."""
         m = self.mask(coalition)
-        self._record(m, bad)
+        self._obs.append(m, self._record(m, bad, seed), bad)
         self._forks[m] += 1
         self._bad[m] += bad
         self._pending[m] = max(0, self._pending[m] - 1)
@@ -546,23 +624,65 @@ class CoalitionPlanner(_Coalitions[P]):
             self._pending[m] += 1
         return [self.coalition(m) for m in out]
 
+    @property
+    def clusters(self) -> int:
+        """Independent clusters behind the estimates: distinct seeds plus seedless forks."""
+        return self._clusters
+
+    def variance(self) -> FloatArray:
+        """The cluster-robust variance of every phi_i (see the class docstring), in
+        O(forks) time and cached until the next update."""
+        return self._cluster_robust()[0].copy()
+
+    def effective_clusters(self) -> FloatArray:
+        """Per phi_i, the effective number of clusters behind its variance (see the class
+        docstring); the interval's t reference has this minus one degrees of freedom."""
+        return self._cluster_robust()[1].copy()
+
+    def _cluster_robust(self) -> tuple[FloatArray, FloatArray]:
+        size = self._obs.size
+        if self._cached is not None and self._cached[0] == size:
+            return self._cached[1], self._cached[2]
+        mask, cluster, y = self._obs.arrays()
+        forks = self._forks
+        mean = self._bad / np.maximum(forks, 1.0)
+        resid = y - mean[mask]
+        s2 = np.bincount(mask, weights=resid * resid, minlength=forks.size) / np.maximum(
+            forks - 1.0, 1.0
+        )
+        # CR2: each residual over sqrt(1 - leverage) = sqrt((n_S - 1) / n_S), times 1 / n_S.
+        scale = np.where(forks > 1, 1.0 / np.sqrt(np.maximum(forks * (forks - 1.0), 1.0)), 0.0)
+        # r[j, i] = sum over the forks of cluster j of a[i, S] * scaled residual: a sparse
+        # (clusters x coalitions) matrix of summed residuals times a', O(forks + clusters n).
+        shape = (self._clusters, forks.size)
+        summed = coo_matrix((resid * scale[mask], (cluster, mask)), shape=shape).tocsr()
+        r = np.asarray(summed @ self._a.T, dtype=np.float64)
+        var: FloatArray = (r * r).sum(axis=0)
+        shrunk = _shrunk_variance(forks, self._bad)
+        floor = np.maximum(shrunk - s2, 0.0)
+        var = var + self._a**2 @ np.where(forks > 0, floor / np.maximum(forks, 1.0), 0.0)
+        # Each fork's working standard deviation in phi_i: |a[i, S]| sigma_S / n_S.
+        sd = np.sqrt(np.maximum(shrunk, s2)) / np.maximum(forks, 1.0)
+        counts = coo_matrix((np.ones(size), (cluster, mask)), shape=shape).tocsr()
+        eff = _effective(np.asarray(counts @ (np.abs(self._a) * sd).T, dtype=np.float64))
+        self._cached = (size, var, eff)
+        return var, eff
+
     def estimates(self) -> ShapleyEstimates[P]:
         measured = self._forks > 0
         value = np.where(measured, self._bad / np.maximum(self._forks, 1), 0.5)
         phi = self._a @ value
-        var = (
-            self._a**2
-            * np.where(
-                measured, _shrunk_variance(self._forks, self._bad) / np.maximum(self._forks, 1), 0.0
-            )
-        ).sum(axis=1)
         # An unmeasured v(S) could be anywhere in [0, 1]: a[i, S] * 0.5 either side of 0.5.
         unknown = (np.abs(self._a) * np.where(measured, 0.0, 0.5)).sum(axis=1)
+        var, clusters = self._cluster_robust()
+        crit = _t(self.alpha, clusters)
         se = np.sqrt(var)
-        half = _z(self.alpha) * se + unknown
+        finite = np.isfinite(crit)
+        half = np.where(finite, np.where(finite, crit, 0.0) * se + unknown, np.inf)
         low = np.clip(phi - half, -1.0, 1.0)
         high = np.clip(phi + half, -1.0, 1.0)
-        return self._assemble(phi, low, high, [float(s) for s in se], "exact")
+        ses = [float(s) if ok else None for s, ok in zip(se, finite, strict=True)]
+        return self._assemble(phi, low, high, ses, "exact")
 
 
 @dataclass
@@ -572,14 +692,31 @@ class _Pair:
 
     kept: int
     outcome: list[float | None] = field(default_factory=lambda: [None, None])
+    cluster: list[int] = field(default_factory=lambda: [-1, -1])  # each side's seed cluster
 
 
 class KernelShapPlanner(_Coalitions[P]):
     """Shapley blame for many candidates by paired KernelSHAP (Lundberg & Lee 2017; Covert &
     Lee 2021): coalitions drawn from the Shapley kernel, each with its complement, one fork
     each; phi from least squares with the efficiency constraint sum(phi) = v(empty) - v(N),
-    whose two ends are measured directly. Intervals use the sandwich (delta-method) variance
-    over sampled pairs plus the ends' binomial variance.
+    whose two ends are measured directly.
+
+    Intervals use the sandwich (delta-method) variance, made cluster-robust: phi - phi* is,
+    to first order, a sum of per-unit influences (a pair: Q psi_p / m; a fork of an end:
+    +-g (y - ybar_end) / n_end), and units are dependent when they share a seed (common
+    random numbers) or, for the two sides of a pair, a drawn coalition. The clusters are the
+    connected components of units linked by pairs and seeds, and
+
+        Var(phi) = sum_G (sum_{u in G} U_u)^2
+                   + (m / (m - 1) - 1) sum_pairs U_p^2 + g^2 (shrunk - empirical ends' variance),
+
+    the CR0 sum plus two never-negative terms that make it, when no seed is shared, exactly
+    the independent-pairs sandwich (with its m / (m - 1)) plus the ends' Laplace-shrunk
+    binomial variance. Intervals are phi +- t SE, t with G* - 1 degrees of freedom, G* the
+    effective number of clusters (`_effective`); below two the intervals are [-1, 1]. Seeding
+    the j-th fork of every coalition with j puts nearly every pair in the cluster of seed 0
+    (coalitions rarely repeat): then G* is about 1 and the intervals stay wide, rightly so,
+    since all those forks share one draw.
 
     Outcomes no drawn pair is waiting for (the rows of a resumed job, replayed into a fresh
     planner) are paired with an outcome of the complementary coalition as they come: a
@@ -604,31 +741,37 @@ class KernelShapPlanner(_Coalitions[P]):
         self._size_p = kernel / kernel.sum()
         self._pairs: list[_Pair] = []
         self._waiting: dict[int, deque[tuple[int, int]]] = {}  # resampled mask -> (pair, side)
-        self._spare: dict[int, deque[float]] = {}  # outcomes no pair was waiting for
+        # Outcomes (and their seed clusters) no pair was waiting for.
+        self._spare: dict[int, deque[tuple[float, int]]] = {}
+        self._end_forks: dict[int, list[tuple[float, int]]] = {0: [], self.full: []}
         self._queued: deque[int] = deque()  # complements drawn but not yet handed out
         self._end_issued = {0: 0, self.full: 0}
         self._rows_drawn = 0
 
-    def update(self, coalition: Iterable[P], bad: float) -> None:
-        """Record one fork's outcome (1.0 = bad) for the coalition of resampled steps."""
+    def update(self, coalition: Iterable[P], bad: float, seed: int | None = None) -> None:
+        """Record one fork's outcome (1.0 = bad) for the coalition of resampled steps; forks
+        with the same `seed` (common random numbers) are one cluster, None is its own."""
         m = self.mask(coalition)
-        self._record(m, bad)
+        cluster = self._record(m, bad, seed)
         if m in self._end_issued:
             self._end_issued[m] = max(self._end_issued[m], int(self._tally[m][0]))
+            self._end_forks[m].append((bad, cluster))
             return
         waiting = self._waiting.get(m)
         if waiting:
             # Forks of one coalition are exchangeable: the oldest waiting slot takes it.
             pair, side = waiting.popleft()
             self._pairs[pair].outcome[side] = bad
+            self._pairs[pair].cluster[side] = cluster
             return
         partner = self._spare.get(self.full & ~m)
         if partner:
             # Side 0 keeps T = ~m (resamples m); side 1 keeps m (resamples the complement).
-            self._pairs.append(_Pair(self.full & ~m, [bad, partner.popleft()]))
+            other, other_cluster = partner.popleft()
+            self._pairs.append(_Pair(self.full & ~m, [bad, other], [cluster, other_cluster]))
             self._rows_drawn += 2
         else:
-            self._spare.setdefault(m, deque()).append(bad)
+            self._spare.setdefault(m, deque()).append((bad, cluster))
 
     def cancel(self, coalition: Iterable[P]) -> None:
         """A fork handed out for this coalition will never report: its pair is dropped."""
@@ -669,7 +812,9 @@ class KernelShapPlanner(_Coalitions[P]):
         for side, resampled in enumerate((self.full & ~kept, kept)):
             spare = self._spare.get(resampled)
             if spare:
-                self._pairs[pair].outcome[side] = spare.popleft()
+                outcome, cluster = spare.popleft()
+                self._pairs[pair].outcome[side] = outcome
+                self._pairs[pair].cluster[side] = cluster
             else:
                 self._waiting.setdefault(resampled, deque()).append((pair, side))
                 issue.append(resampled)
@@ -678,7 +823,6 @@ class KernelShapPlanner(_Coalitions[P]):
         return issue
 
     def estimates(self) -> ShapleyEstimates[P]:
-        z = _z(self.alpha)
         b0 = self._end_stats(self.full)  # f(empty) = v(N): everything resampled
         b1 = self._end_stats(0)  # f(N) = v(empty): nothing resampled
         delta = b1[0] - b0[0]
@@ -711,12 +855,31 @@ class KernelShapPlanner(_Coalitions[P]):
         resid_t = yt - b0[0] - zt @ phi
         resid_c = yc - b0[0] - zc @ phi
         psi = 0.5 * (zt * resid_t[:, None] + zc * resid_c[:, None])
-        cov_psi = np.cov(psi, rowvar=False, ddof=1).reshape(self.n, self.n)
         g = ainv_1 / total
-        cov = q @ cov_psi @ q.T / m + np.outer(g, g) * var_delta
-        se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
-        low = np.clip(phi - z * se, -1.0, 1.0)
-        high = np.clip(phi + z * se, -1.0, 1.0)
+        # Per-unit influences on phi: pairs, then every fork of v(empty) and of v(N).
+        units = [psi @ q.T / m]
+        unit_clusters = [np.array([p.cluster for p in complete], dtype=np.int64)]
+        # And each unit's typical size, which weighs its cluster in the effective count.
+        spread = [np.abs(units[0])]
+        hc0_ends = 0.0
+        for end, (mean, var_end, forks), sign in ((0, b1, 1.0), (self.full, b0, -1.0)):
+            y_end = np.array([f[0] for f in self._end_forks[end]], dtype=np.float64)
+            share = sign * (y_end - mean) / forks
+            units.append(share[:, None] * g[None, :])
+            spread.append(np.outer(np.full(y_end.size, math.sqrt(var_end / forks)), np.abs(g)))
+            seeds = np.array([f[1] for f in self._end_forks[end]], dtype=np.int64)
+            unit_clusters.append(np.column_stack([seeds, seeds]))
+            hc0_ends += float(share @ share)
+        labels, groups = _components(np.concatenate(unit_clusters), self._clusters)
+        r = _cluster_sums(labels, groups, np.concatenate(units))
+        var = (r * r).sum(axis=0)
+        var += (units[0] ** 2).sum(axis=0) / (m - 1) + g * g * max(var_delta - hc0_ends, 0.0)
+        se = np.sqrt(var)
+        crit = _t(self.alpha, _effective(_cluster_sums(labels, groups, np.concatenate(spread))))
+        if not np.all(np.isfinite(crit)):
+            return self._assemble(*wide, [None] * self.n, "kernel")
+        low = np.clip(phi - crit * se, -1.0, 1.0)
+        high = np.clip(phi + crit * se, -1.0, 1.0)
         return self._assemble(phi, low, high, [float(s) for s in se], "kernel")
 
     def _end_stats(self, mask: int) -> tuple[float, float, int]:
@@ -725,6 +888,39 @@ class KernelShapPlanner(_Coalitions[P]):
             return 0.5, 0.25, 0
         f = np.array([forks])
         return bad / forks, float(_shrunk_variance(f, np.array([bad]))[0] / forks), int(forks)
+
+
+def _components(unit_clusters: NDArray[np.int64], clusters: int) -> tuple[NDArray[np.intp], int]:
+    """Units (rows) are dependent when they share a cluster (a row names two, possibly the
+    same): label each unit with its connected component, 0 .. groups - 1."""
+    units = unit_clusters.shape[0]
+    rows = np.repeat(np.arange(units), 2)
+    cols = units + unit_clusters.ravel()
+    size = units + clusters
+    graph = coo_matrix((np.ones(rows.size), (rows, cols)), shape=(size, size))
+    _, labels = connected_components(graph, directed=False)
+    _, compact = np.unique(labels[:units], return_inverse=True)
+    return compact.astype(np.intp), int(compact.max()) + 1 if units else 0
+
+
+def _cluster_sums(labels: NDArray[np.intp], groups: int, rows: FloatArray) -> FloatArray:
+    """Per cluster (labels 0 .. groups - 1), the sum of its rows: (groups, columns)."""
+    cols = rows.shape[1]
+    slot = (labels[:, None] * cols + np.arange(cols)[None, :]).ravel()
+    summed = np.bincount(slot, weights=rows.ravel(), minlength=groups * cols)
+    return np.asarray(summed, dtype=np.float64).reshape(groups, cols)
+
+
+def _effective(spread: FloatArray) -> FloatArray:
+    """The effective number of clusters, per column: spread[G, i] is the summed working
+    standard deviation of cluster G's units in phi_i, so w = spread^2 is G's variance if its
+    units were perfectly correlated (common random numbers at their strongest), and the count
+    is (sum_G w_G)^2 / sum_G w_G^2 (Carter, Schnepel & Steigerwald 2017, at rho = 1): the
+    number of clusters for equal ones, about one when one cluster carries the weight."""
+    w = spread * spread
+    total = w.sum(axis=0)
+    squares = (w * w).sum(axis=0)
+    return np.where(squares > 0, total * total / np.where(squares > 0, squares, 1.0), 0.0)
 
 
 def shapley_planner(

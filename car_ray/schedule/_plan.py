@@ -495,14 +495,17 @@ class Scheduler:
                 coalition = frozenset(int(k) for k in key.split(",") if k)
                 for row in rows:
                     if row["outcome"] is not None:
-                        planner.update(coalition, float(is_bad(row["outcome"])))
+                        # The fork's seed: forks sharing it are one cluster (common randomness).
+                        seed = ForkSpec.model_validate_json(row["spec"]).seed
+                        planner.update(coalition, float(is_bad(row["outcome"])), seed=seed)
 
         def on_row(row: dict[str, Any]) -> None:
-            coalition = frozenset(ForkSpec.model_validate_json(row["spec"]).interventions)
+            spec = ForkSpec.model_validate_json(row["spec"])
+            coalition = frozenset(spec.interventions)
             if row["outcome"] is None:
                 planner.cancel(coalition)
             else:
-                planner.update(coalition, float(is_bad(row["outcome"])))
+                planner.update(coalition, float(is_bad(row["outcome"])), seed=spec.seed)
 
         def on_unrun(spec: ForkSpec) -> None:
             planner.cancel(frozenset(spec.interventions))
