@@ -27,6 +27,7 @@ test: lint typecheck
 
 bench: $(STAMP)
 	$(PY) benchmarks/fork_overhead.py
+	$(PY) benchmarks/throughput.py
 
 clean:
 	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache

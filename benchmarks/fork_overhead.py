@@ -15,20 +15,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import importlib
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
+from _common import (
+    DEFAULT_OUT,
+    DEFAULT_STEP,
+    JOB_FILE,
+    ROOT,
+    ServerCpu,
+    fork_specs,
+    machine,
+    make_console,
+    record_demo_tape,
+    run_window,
+    warn_if_loaded,
+)
 from rich.console import Console
 from rich.table import Table
 
@@ -36,19 +46,11 @@ from car_ray.job import Job, load_job
 from car_ray.replay import (
     AiohttpUpstream,
     BaseUrls,
-    ForkRow,
     ForkRunner,
-    ForkSpec,
     HttpxUpstream,
-    Resample,
     Upstream,
-    record,
 )
 from car_ray.sim import SimProcess
-
-ROOT = Path(__file__).resolve().parent.parent
-JOB_FILE = ROOT / "jobs" / "support_refund" / "job.toml"
-DEFAULT_OUT = ROOT / "benchmarks" / "results"
 
 UpstreamName = Literal["aiohttp", "httpx"]
 UPSTREAMS: dict[UpstreamName, Callable[[], Upstream]] = {
@@ -57,10 +59,6 @@ UPSTREAMS: dict[UpstreamName, Callable[[], Upstream]] = {
 }
 LATENCIES_MS = (0.0, 50.0)
 WINDOWS = (1, 8, 32, 128)
-# Step 2 (the model's turn after the order lookup) leaves a live tail of 1-3 calls, 2.7 on
-# average: check the policy (p 0.9), then decide, then answer if it refunded. Step 4, the
-# refund decision itself, leaves 1-2 (1.8 on average).
-DEFAULT_STEP = 2
 
 
 def fork_count(latency_ms: float, window: int, quick: bool) -> int:
@@ -126,49 +124,6 @@ class Cell:
         return out
 
 
-class ServerCpu:
-    """The simulated provider's CPU seconds, read with psutil when it is installed."""
-
-    def __init__(self, sim: SimProcess) -> None:
-        self._process: Any = None
-        try:
-            psutil = importlib.import_module("psutil")
-        except ImportError:
-            return
-        # SimProcess keeps its child private; the pid is all that is needed here.
-        child = getattr(sim, "_process", None)
-        if child is not None:
-            self._process = psutil.Process(child.pid)
-
-    @property
-    def available(self) -> bool:
-        return self._process is not None
-
-    def seconds(self) -> float | None:
-        if self._process is None:
-            return None
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
-
-
-def specs(tape_id: str, step: int, count: int) -> Iterator[ForkSpec]:
-    for seed in range(count):
-        yield ForkSpec(tape_id=tape_id, interventions={step: Resample()}, tail="live", seed=seed)
-
-
-async def run_window(runner: ForkRunner, forks: Iterator[ForkSpec], window: int) -> list[ForkRow]:
-    """Run every fork with exactly `window` in flight until the iterator runs out."""
-    rows: list[ForkRow] = []
-
-    async def lane() -> None:
-        # The iterator is shared: each lane takes the next fork as soon as its last ends.
-        for spec in forks:
-            rows.append(await runner.run(spec))
-
-    await asyncio.gather(*(lane() for _ in range(window)))
-    return rows
-
-
 async def measure(
     runner: ForkRunner,
     sim: SimProcess,
@@ -183,12 +138,12 @@ async def measure(
 ) -> Cell:
     # Warm up outside the clock: connections open, agent threads start, lazy imports happen.
     warm = max(window, 8)
-    await run_window(runner, specs(tape_id, step, warm), warm)
+    await run_window(runner, fork_specs(tape_id, step, warm), warm)
     served_before = sim.requests_served
     server_before = server_cpu.seconds()
     cpu_before = time.process_time()
     wall_before = time.perf_counter()
-    rows = await run_window(runner, specs(tape_id, step, count), window)
+    rows = await run_window(runner, fork_specs(tape_id, step, count), window)
     wall_s = time.perf_counter() - wall_before
     cpu_s = time.process_time() - cpu_before
     server_after = server_cpu.seconds()
@@ -232,16 +187,9 @@ async def bench_latency(
         job.spec.policy, latency_s=latency_ms / 1000, search_path=job.search_path
     ) as sim:
         base_urls = BaseUrls.for_server(sim.url)
-        tape, recorded = await record(
-            agent,
-            job.spec.agent,
-            job.spec.input,
-            scratch / f"support_refund-{latency_ms:g}ms.tape",
-            base_urls=base_urls,
-            seed=job.spec.seed,
+        tape = await record_demo_tape(
+            job, base_urls, scratch / f"support_refund-{latency_ms:g}ms.tape"
         )
-        if recorded.error is not None:
-            raise RuntimeError(f"recording the demo tape failed: {recorded.error!r}")
         server_cpu = ServerCpu(sim)
         for name in upstreams:
             runner = ForkRunner(agent, scorer, base_urls=base_urls, upstream=UPSTREAMS[name]())
@@ -316,24 +264,6 @@ def table(cells: Sequence[Cell], step: int) -> Table:
     return out
 
 
-def machine() -> dict[str, Any]:
-    versions: dict[str, str] = {}
-    for module in ("aiohttp", "httpx2", "openai"):
-        try:
-            versions[module] = str(importlib.import_module(module).__version__)
-        except (ImportError, AttributeError):
-            versions[module] = "unknown"
-    return {
-        "cpu_count": os.cpu_count(),
-        "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "versions": versions,
-    }
-
-
 def write_results(out: Path, cells: Sequence[Cell], config: dict[str, Any]) -> tuple[Path, Path]:
     out.mkdir(parents=True, exist_ok=True)
     rows = [{**c.as_dict(), "aiohttp_over_httpx": ratio(cells, c)} for c in cells]
@@ -392,18 +322,9 @@ async def main_async(args: argparse.Namespace, console: Console) -> list[Cell]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    console = Console()
-    if not console.is_terminal:
-        # Piped or captured, rich assumes 80 columns and would truncate the table's headers.
-        console = Console(width=140)
+    console = make_console()
     started = time.perf_counter()
-    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    if load_before > 0.5:
-        # Forks are CPU-bound in one process: anything else on the machine shows in the figures.
-        console.print(
-            f"[yellow]load average {load_before:.2f} before the run: "
-            "other processes will depress these figures"
-        )
+    load_before = warn_if_loaded(console)
     cells = asyncio.run(main_async(args, console))
     console.print(table(cells, args.step))
     config = {

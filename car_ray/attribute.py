@@ -220,6 +220,7 @@ def attribute(
                     prices=prices,
                     already=existing,
                     already_spent=already,
+                    already_elapsed_s=float(ledger.get("elapsed_s") or 0.0),
                     on_progress=show,
                 )
                 outcome = scheduler.run()

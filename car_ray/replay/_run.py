@@ -130,8 +130,8 @@ def call_bound(
     body: Any, prices: PriceTable, model: str, default_output: int = DEFAULT_MAX_OUTPUT_TOKENS
 ) -> tuple[int, float]:
     """An upper estimate of one live call's tokens and cost, made before sending it:
-    input from the body's size (fewer than one token per 3 bytes of JSON), output from its
-    max_tokens (or `default_output` when the request sets none)."""
+    input from the body's size (fewer than one token per 3 bytes of canonical JSON), output
+    from its max_tokens (or `default_output` when the request sets none)."""
     size = len(canonical_bytes(body)) if body is not None else 0
     out = default_output
     if isinstance(body, dict):
@@ -365,9 +365,13 @@ class Run:
             return self._serve(k, recorded, "pinned")
         return await self._live(k, request, body)
 
-    def _check_limit(self, k: int, body: Any, model: str) -> None:
+    def _check_limit(self, k: int, body: Any) -> None:
         assert self.limit is not None
-        tokens, usd = call_bound(body, self.prices, model, self.limit.default_output_tokens)
+        # Sized like the reservation was (canonical JSON), so a fork that repeats its
+        # recorded calls always fits the reservation made for it.
+        tokens, usd = call_bound(
+            body, self.prices, model_of(body), self.limit.default_output_tokens
+        )
         spend = self.spend
         over_usd = self.limit.usd is not None and spend.cost_usd + usd > self.limit.usd
         over_tokens = (
@@ -443,8 +447,12 @@ class Run:
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
             (SEED_HEADER, str(step_seed(self.seed, k))),
         )
-        if self.limit is not None and not record:
-            self._check_limit(k, body, model_of(body))
+        if (
+            self.limit is not None
+            and not record
+            and (self.limit.usd is not None or self.limit.tokens is not None)
+        ):
+            self._check_limit(k, body)
         response = await self.upstream.send(
             WireRequest(request.method, request.url, headers, request.body)
         )

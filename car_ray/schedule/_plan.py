@@ -32,7 +32,7 @@ from ..replay import (
     is_bad,
 )
 from ..tape import LlmEvent, Tape
-from ._budget import Budget, BudgetGovernor, Cost
+from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
 from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner
 
 log = structlog.get_logger("car_ray.schedule")
@@ -107,6 +107,7 @@ class Scheduler:
         prices: PriceTable,
         already: list[dict[str, Any]] | None = None,
         already_spent: Cost | None = None,
+        already_elapsed_s: float = 0.0,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> None:
         self.job = job
@@ -125,7 +126,9 @@ class Scheduler:
                 max_wall_s=budget.max_wall_s,
             )
         self.budget = budget
-        self.governor = BudgetGovernor(budget, already_spent=already_spent or Cost())
+        self.governor = BudgetGovernor(
+            budget, already_spent=already_spent or Cost(), already_elapsed_s=already_elapsed_s
+        )
         self.progress = Progress(caps=budget)
         self.on_progress = on_progress or (lambda p: None)
         self.notes: list[str] = []
@@ -138,12 +141,9 @@ class Scheduler:
         self.rows_by_task: dict[str, dict[str, Any]] = {}
         self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
         self.arms = self._arms()
-        self.control_rows: list[dict[str, Any]] = []
-        self.base_rows: list[dict[str, Any]] = []
         self.shapley: ShapleyPlanner[int] | None = None
         self.races: dict[str, Race[str]] = {}
         self.candidates: list[int] = []
-        self._attempts: dict[str, int] = {}
         for row in already or []:
             self._remember(row)
         self.progress.resumed = len(already or [])
@@ -164,11 +164,19 @@ class Scheduler:
         return arms
 
     def _spec(
-        self, stage: str, arm_key: str, plan: dict[int, Intervention], tail: Tail
+        self,
+        stage: str,
+        arm_key: str,
+        plan: dict[int, Intervention],
+        tail: Tail,
+        seed: int | None = None,
     ) -> ForkSpec:
+        """The next fork of an arm. Fixed stages pass `seed` (the j-th fork is always seed j,
+        so a resumed job finds it written); adaptive stages count on from the last seed."""
         counter = (stage, _seed_key(stage, arm_key))
-        seed = self.seed_next[counter]
-        self.seed_next[counter] = seed + 1
+        if seed is None:
+            seed = self.seed_next[counter]
+        self.seed_next[counter] = max(self.seed_next[counter], seed + 1)
         return ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=seed)
 
     def estimate(self, spec: ForkSpec) -> Cost:
@@ -278,10 +286,15 @@ class Scheduler:
                 for row in result:
                     row["job_id"] = self.job_id
                     row["finished_at"] = datetime.now(UTC)
-                    self.governor.settle(
-                        keys.pop(row["task_id"]),
-                        Cost(1, row["cost_usd"], row["tokens_in"] + row["tokens_out"]),
-                    )
+                    try:
+                        self.governor.settle(
+                            keys.pop(row["task_id"]),
+                            Cost(1, row["cost_usd"], row["tokens_in"] + row["tokens_out"]),
+                        )
+                    except ReservationExceeded as exc:
+                        # The ledger has the true spend; say so rather than stop the job.
+                        self.notes.append(f"OVERSPENT: {exc}")
+                        log.warning("reservation_exceeded", task=row["task_id"], error=str(exc))
                     if self.sink.add(row):
                         self._remember(row)
                         on_row(row)
@@ -349,15 +362,15 @@ class Scheduler:
     def _controls(self) -> bool:
         self._stage("controls")
         all_steps: dict[int, Intervention] = {k: Resample() for k in range(len(self.steps))}
-        pin_all: tuple[str, dict[int, Intervention], Tail] = ("pinned", {}, "pinned")
-        redraw_all: tuple[str, dict[int, Intervention], Tail] = ("base", all_steps, "live")
-        plan = [pin_all] * CONTROL_FORKS + [redraw_all] * BASE_RATE_FORKS
+        plan: list[tuple[str, dict[int, Intervention], Tail, int]] = [
+            ("pinned", {}, "pinned", j) for j in range(CONTROL_FORKS)
+        ] + [("base", all_steps, "live", j) for j in range(BASE_RATE_FORKS)]
         given = iter(plan)
 
         def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
             out = [
-                ("controls", self._spec("controls", key, dict(p), tail))
-                for key, p, tail in itertools.islice(given, room)
+                ("controls", self._spec("controls", key, dict(p), tail, seed))
+                for key, p, tail, seed in itertools.islice(given, room)
             ]
             return out or None
 
@@ -384,12 +397,15 @@ class Scheduler:
 
     def _screen(self) -> bool:
         self._stage("screen")
-        plan = iter([arm for _ in range(SCREEN_FORKS) for arm in self.arms])
+        plan = iter([(arm, j) for j in range(SCREEN_FORKS) for arm in self.arms])
 
         def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
             out = [
-                ("screen", self._spec("screen", arm.key, {arm.step: arm.intervention}, "live"))
-                for arm in itertools.islice(plan, room)
+                (
+                    "screen",
+                    self._spec("screen", arm.key, {arm.step: arm.intervention}, "live", seed),
+                )
+                for arm, seed in itertools.islice(plan, room)
             ]
             return out or None
 
@@ -483,6 +499,18 @@ class Scheduler:
         while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
             size += 1
         self.candidates = sorted(sorted(rates, key=lambda k: (-rates[k], k))[:size])
+        earlier = {
+            int(k)
+            for (stage, key) in self.rows_by_arm
+            if stage == "shapley"
+            for k in key.split(",")
+            if k
+        }
+        if earlier:
+            # A resumed job keeps the candidates its first run chose (its flip-rates, and so
+            # its choice, may differ now): the rows already written stay usable.
+            self.candidates = sorted(earlier)
+            size = len(earlier)
         if size < len(rates):
             self.notes.append(
                 f"shapley over the top {size} of {len(rates)} steps by flip-rate "
@@ -491,8 +519,10 @@ class Scheduler:
         planner: ShapleyPlanner[int] = shapley_planner(self.candidates, alpha=self.alpha)
         self.shapley = planner
         for (stage, key), rows in self.rows_by_arm.items():
-            if stage == "shapley":
-                coalition = frozenset(int(k) for k in key.split(",") if k)
+            if stage != "shapley":
+                continue
+            coalition = frozenset(int(k) for k in key.split(",") if k)
+            if coalition <= set(self.candidates):
                 for row in rows:
                     if row["outcome"] is not None:
                         # The fork's seed: forks sharing it are one cluster (common randomness).
