@@ -35,7 +35,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
 sim_app = typer.Typer(no_args_is_help=True, help="The simulated model provider.")
 app.add_typer(sim_app, name="sim")
 # Logs and pipes get a table wide enough to read; a terminal gets its own width.
-_WIDTH = None if sys.stdout.isatty() else 150
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 150
 console = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 T = TypeVar("T")
@@ -43,7 +43,7 @@ _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -251,7 +251,9 @@ def replay_cmd(
     try:
         _run(go)
     except DivergenceError as exc:
-        err.print(f"[bold red]replay diverged[/]\n{exc.render()}")
+        err.print("[bold red]replay diverged[/]")
+        # Printed as is: a diff is read (and grepped) line by line, never re-wrapped.
+        err.print(exc.render(), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     outcome = runner.recorded_outcome(tape.tape_id)
     console.print(

@@ -15,7 +15,9 @@ class Difference:
 
 
 def _preview(value: Any, limit: int = 120) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    text = (
+        value if isinstance(value, str) else json.dumps(value, sort_keys=True, ensure_ascii=False)
+    )
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -32,7 +34,8 @@ def _string_window(a: str, b: str, context: int = 40) -> tuple[str, str]:
 
     def cut(text: str) -> str:
         window = text[lead : start + context]
-        return json.dumps(prefix + window + ("…" if len(text) > start + context else ""))
+        tail = "…" if len(text) > start + context else ""
+        return json.dumps(prefix + window + tail, ensure_ascii=False)
 
     return cut(a), cut(b)
 
