@@ -185,6 +185,9 @@ def attribute(
         )
         executor.add_tape(tape.tape_id, tape.path.read_bytes())
         info["workers"] = executor.worker_pids()
+        if ledger:
+            # Until this run's ledger is written, the last one stands (with its reserved).
+            info["ledger"] = ledger
         write_job_json(out, job_id, info)
         sink = ForkSink(out, job_id)
         scheduler: Scheduler | None = None
@@ -222,6 +225,7 @@ def attribute(
                     already_spent=already,
                     already_elapsed_s=float(ledger.get("elapsed_s") or 0.0),
                     on_progress=show,
+                    on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
                 outcome = scheduler.run()
         finally:

@@ -116,7 +116,11 @@ class ForkWorker:
 
         async def one(spec_json: str, stage: str, attempt: int, limit_json: str) -> dict[str, Any]:
             spec = ForkSpec.model_validate_json(spec_json)
-            row = await self.runner.run(spec, SpendLimit.model_validate_json(limit_json))
+            try:
+                row = await self.runner.run(spec, SpendLimit.model_validate_json(limit_json))
+            except Exception as exc:
+                # One bad fork is an error row, not a lost batch (its neighbours finished).
+                row = self.runner.error_row(spec, f"{type(exc).__name__}: {exc}")
             return {
                 **row.model_dump(),
                 "stage": stage,

@@ -335,6 +335,28 @@ class ForkRunner:
             )
         return outcome
 
+    def error_row(self, spec: ForkSpec, error: str) -> ForkRow:
+        """The row of a fork that could not run at all (nothing was spent)."""
+        return ForkRow(
+            task_id=spec.task_id,
+            tape_id=spec.tape_id,
+            status="error",
+            outcome=None,
+            recorded_outcome=self.recorded_outcome(spec.tape_id),
+            flipped=None,
+            steps_intervened=sorted(spec.interventions),
+            interventions=[spec.interventions[k].kind for k in sorted(spec.interventions)],
+            tail=spec.tail,
+            seed=spec.seed,
+            tail_calls=0,
+            retries=0,
+            tokens_in=0,
+            tokens_out=0,
+            cost_usd=0.0,
+            latency_s=0.0,
+            error=error,
+        )
+
     async def run(self, spec: ForkSpec, limit: SpendLimit | None = None) -> ForkRow:
         """Run one fork and return its row; failures are in the row, not raised."""
         row, _ = await self.fork(spec, limit)

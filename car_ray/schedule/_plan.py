@@ -31,7 +31,7 @@ from ..replay import (
     call_bound,
     is_bad,
 )
-from ..tape import LlmEvent, Tape
+from ..tape import LlmEvent, Tape, ToolEvent
 from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
 from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner
 
@@ -109,6 +109,7 @@ class Scheduler:
         already_spent: Cost | None = None,
         already_elapsed_s: float = 0.0,
         on_progress: Callable[[Progress], None] | None = None,
+        on_submit: Callable[[], None] | None = None,
     ) -> None:
         self.job = job
         self.job_id = job_id
@@ -131,6 +132,7 @@ class Scheduler:
         )
         self.progress = Progress(caps=budget)
         self.on_progress = on_progress or (lambda p: None)
+        self.on_submit = on_submit or (lambda: None)
         self.notes: list[str] = []
         self.stage_times: dict[str, dict[str, float]] = {}
         self._stage_started = time.monotonic()
@@ -160,7 +162,24 @@ class Scheduler:
                         f"{self.job.path}: interventions: step {k} does not exist "
                         f"(the tape has steps 0..{len(self.steps) - 1})"
                     )
-                arms.append(Arm(entry.kind, k, entry.intervention()))
+                event = self.steps[k]
+                if entry.kind == "observation" and not isinstance(event, ToolEvent):
+                    raise ValueError(
+                        f"{self.job.path}: interventions: 'observation' at step {k}, which is "
+                        "a model call; observation replaces a tool step's result"
+                    )
+                if entry.kind in ("action", "context") and not isinstance(event, LlmEvent):
+                    raise ValueError(
+                        f"{self.job.path}: interventions: '{entry.kind}' at step {k}, which is "
+                        f"tool {event.name!r}; it needs a model-call step"
+                    )
+                arm = Arm(entry.kind, k, entry.intervention())
+                if any(a.key == arm.key for a in arms):
+                    raise ValueError(
+                        f"{self.job.path}: interventions: '{entry.kind}' at step {k} is given "
+                        "twice; give each kind one value a step"
+                    )
+                arms.append(arm)
         return arms
 
     def _spec(
@@ -173,7 +192,7 @@ class Scheduler:
     ) -> ForkSpec:
         """The next fork of an arm. Fixed stages pass `seed` (the j-th fork is always seed j,
         so a resumed job finds it written); adaptive stages count on from the last seed."""
-        counter = (stage, _seed_key(stage, arm_key))
+        counter = _counter(stage, arm_key)
         if seed is None:
             seed = self.seed_next[counter]
         self.seed_next[counter] = max(self.seed_next[counter], seed + 1)
@@ -210,7 +229,7 @@ class Scheduler:
         spec = ForkSpec.model_validate_json(row["spec"])
         stage = row["stage"]
         key = _arm_key(stage, spec)
-        counter = (stage, _seed_key(stage, key))
+        counter = _counter(stage, key)
         self.seed_next[counter] = max(self.seed_next[counter], spec.seed + 1)
         self.rows_by_arm[(stage, key)].append(row)
 
@@ -261,6 +280,9 @@ class Scheduler:
                         break
                     queue.append(item)
             if queue:
+                # The ledger reaches job.json before the forks reach a worker: a driver
+                # killed now leaves a successor that counts them as (possibly) spent.
+                self.on_submit()
                 self.executor.submit(queue)
                 queue = []
             if self.executor.in_flight == 0:
@@ -277,11 +299,13 @@ class Scheduler:
                     for item in result.items:
                         self.governor.lose(keys.pop(item.spec.task_id))
                         retry = self._reserve(item.stage, item.spec, keys, item.attempt + 1)
-                        if retry is None:
+                        if retry is not None:
+                            queue.append(retry)
+                        elif self.executor.in_flight or queue:
+                            waiting.append((item.stage, item.spec))
+                        else:
                             exhausted = True
                             on_unrun(item.spec)
-                        else:
-                            queue.append(retry)
                     continue
                 for row in result:
                     row["job_id"] = self.job_id
@@ -622,6 +646,18 @@ def _rate(rows: list[dict[str, Any]]) -> float:
     return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
 
 
+def _counter(stage: str, arm_key: str) -> tuple[str, str]:
+    """The seed counter a fork draws from. Forks whose specs could coincide share one, so
+    no two stages ever make the same task: screen and race count per arm together (the
+    race goes on from the screen's seeds), and the pinned-everything controls share the
+    Shapley counter (they are its empty coalition)."""
+    if stage in ("screen", "race"):
+        return ("flip", arm_key)
+    if stage == "shapley" or (stage == "controls" and arm_key == "pinned"):
+        return ("coalition", _seed_key(stage, arm_key))
+    return (stage, arm_key)
+
+
 def _seed_key(stage: str, arm_key: str) -> str:
     """Which forks share a seed counter. Screen and race count per arm, so the j-th fork of
     every arm uses seed j: common random numbers make flip-rates of different steps
@@ -629,7 +665,7 @@ def _seed_key(stage: str, arm_key: str) -> str:
     with Neyman allocation giving most coalitions a handful of forks, shared seeds would make
     all of them see the same few draws (measured on the demo: every coalition holding the
     decision step saw seeds 0-2 only, and phi collapsed toward zero with a tiny variance)."""
-    return "all" if stage == "shapley" else arm_key
+    return "all" if stage in ("shapley", "controls") else arm_key
 
 
 def _arm_key(stage: str, spec: ForkSpec) -> str:
