@@ -253,6 +253,7 @@ class Scheduler:
         # bounds, so settling those may free room. Only a refusal with nothing in flight
         # means the budget is spent.
         waiting: list[tuple[str, ForkSpec]] = []
+        attempts: dict[str, int] = {}
         while True:
             room = window - self.executor.in_flight - len(queue)
             asked = False
@@ -269,7 +270,7 @@ class Scheduler:
                     if task in self.rows_by_task:  # written by an earlier run of this job
                         on_row(self.rows_by_task[task])
                         continue
-                    item = self._reserve(stage, spec, keys)
+                    item = self._reserve(stage, spec, keys, attempts.get(task, 0))
                     if item is None:
                         if self.executor.in_flight or queue:
                             waiting = batch[i:]
@@ -298,6 +299,8 @@ class Scheduler:
                     self.progress.lost += len(result.items)
                     for item in result.items:
                         self.governor.lose(keys.pop(item.spec.task_id))
+                        # Every attempt has its own ledger key, also if it has to wait.
+                        attempts[item.spec.task_id] = item.attempt + 1
                         retry = self._reserve(item.stage, item.spec, keys, item.attempt + 1)
                         if retry is not None:
                             queue.append(retry)
