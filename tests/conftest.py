@@ -38,24 +38,28 @@ def support_sim(support_job: Job) -> Iterator[SimServer]:
         yield sim
 
 
+def record_job(job: Job, sim: SimServer, path: Path) -> Tape:
+    """Record a job's agent against a simulated provider with the job's input and seed."""
+    tape, outcome = run(
+        record(
+            job.load("agent"),
+            job.spec.agent,
+            job.spec.input,
+            path,
+            base_urls=BaseUrls.for_server(sim.url),
+            seed=job.spec.seed,
+        )
+    )
+    assert outcome.error is None, outcome.error
+    return tape
+
+
 @pytest.fixture(scope="session")
 def support_tape(
     support_job: Job, support_sim: SimServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Tape:
     """The demo's failure: recorded once per session with the job's seed (a wrongful refund)."""
-    path = tmp_path_factory.mktemp("tapes") / "support.tape"
-    tape, outcome = run(
-        record(
-            support_job.load("agent"),
-            support_job.spec.agent,
-            support_job.spec.input,
-            path,
-            base_urls=BaseUrls.for_server(support_sim.url),
-            seed=support_job.spec.seed,
-        )
-    )
-    assert outcome.error is None
-    return tape
+    return record_job(support_job, support_sim, tmp_path_factory.mktemp("tapes") / "support.tape")
 
 
 @pytest.fixture(scope="session")

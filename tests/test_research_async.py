@@ -21,12 +21,11 @@ from car_ray.replay import (
     ForkRunner,
     ForkSpec,
     Resample,
-    record,
 )
 from car_ray.sim import SimServer
 from car_ray.tape import LlmEvent, Tape, ToolEvent, load_tape
 
-from .conftest import RESEARCH_JOB, run
+from .conftest import RESEARCH_JOB, record_job, run
 
 SEEDS = range(1000, 1032)
 # A binomial count of n forks lies within 4 standard deviations of n * p, or the test fails:
@@ -59,19 +58,7 @@ def sim(policy: Any) -> Iterator[SimServer]:
 
 @pytest.fixture(scope="module")
 def tape_path(job: Job, sim: SimServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("research") / "research.tape"
-    _, outcome = run(
-        record(
-            job.load("agent"),
-            job.spec.agent,
-            job.spec.input,
-            path,
-            base_urls=BaseUrls.for_server(sim.url),
-            seed=job.spec.seed,
-        )
-    )
-    assert outcome.error is None
-    return path
+    return record_job(job, sim, tmp_path_factory.mktemp("research") / "research.tape").path
 
 
 @pytest.fixture(scope="module")
