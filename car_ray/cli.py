@@ -151,25 +151,6 @@ def _steps_table(tape: Tape) -> Table:
     return table
 
 
-def _rows_table(rows: list[ForkRow], title: str) -> Table:
-    """Many forks, one line each: the columns that fit a terminal."""
-    table = Table(title=title)
-    for column in ("steps", "do", "seed", "status", "outcome", "flipped", "calls", "cost $"):
-        table.add_column(column)
-    for row in rows:
-        table.add_row(
-            ",".join(map(str, row.steps_intervened)),
-            ",".join(row.interventions),
-            str(row.seed),
-            row.status,
-            "-" if row.outcome is None else f"{row.outcome:.2f}",
-            "-" if row.flipped is None else ("yes" if row.flipped else "no"),
-            str(row.tail_calls),
-            f"{row.cost_usd:.6f}",
-        )
-    return table
-
-
 def _row_table(row: ForkRow) -> Table:
     """One fork, one field a line."""
     table = Table(title=f"fork {row.task_id}")

@@ -3,7 +3,7 @@
 Every stage is gated on the one before and on the budget. Forks go to the executor in
 batches; rows stream into the Parquet sink and the estimators as they arrive. A restarted
 job feeds the rows already written back into the estimators and never runs a task id twice:
-seeds are counted per stage and arm, so the j-th fork of an arm is always the same task."""
+seeds are counted per arm (see `_counter`), so the j-th fork of an arm is always the same task."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -689,11 +688,3 @@ def _leader_text(races: dict[str, Race[str]]) -> str:
             lo, hi = race.interval(leader)
             parts.append(f"{kind}: {leader} [{lo:.2f}, {hi:.2f}]")
     return "; ".join(parts)
-
-
-def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def tape_bytes(path: Path) -> bytes:
-    return path.read_bytes()
