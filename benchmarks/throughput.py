@@ -9,12 +9,15 @@ simulated latency per model call, with 1, 8, 32, 128 and 512 forks in flight, th
                   `submit` / `wait` (a fresh executor per cell, warmed up off the clock);
   (b) asyncio     the same forks in this process: `ForkRunner.run` with W lanes on one loop;
   (c) sequential  one fork after another in this process (what the existing tools do); the
-                  window does not apply, so it runs once per latency.
+                  window does not apply, so it runs once per latency and repeat.
 
-Each cell streams forks: the window is filled, the first W completions (at least 2) are a
-warm-up, and the clock runs from there over the next N completions while the window stays full
-(N a whole number of windows, about 3 s of work, 1 s with --quick); forks still in flight
-then are drained ((b)) or dropped with their workers ((a)) off the clock. CPU per fork is
+Every cell is measured --repeats times (3), the schemes taking turns within a repeat; the
+table shows each cell's median and range, and a target holds when the median of its
+per-repeat ratios ((a) over (c) of the same repeat) does. Each cell streams forks: the
+window is filled, the first W completions (at least 2) are a warm-up, and the clock runs from
+there over the next N completions while the window stays full (N a whole number of windows,
+about 3 s of work, 1 s with --quick); forks still in flight then are drained ((b)) or dropped
+with their workers ((a)) off the clock. CPU per fork is
 the CPU of the processes that run forks: this process, plus for (a) the Ray workers, read as
 utime + stime from /proc/<pid>/stat (every thread of the process). Ray's own daemons (raylet,
 GCS, ...) and the simulated provider are shown apart, as is the CPU that other processes on
@@ -22,10 +25,11 @@ the machine used meanwhile (from /proc/stat): a busy machine depresses every fig
 
     .venv/bin/python benchmarks/throughput.py [--quick] [--out benchmarks/results]
 
-(a) runs as the issue sets it (2 workers, batches of 16, per_worker_in_flight = W / 2) unless
---workers, --batch-size (a number, or `auto`: small enough for 4 batches in flight per worker)
-or --per-worker-in-flight say otherwise. On a shared machine, --settle-s waits for quiet before
-each cell; --worker-niceness changes the nice value Ray gives its workers (15).
+(a) runs as `car-ray attribute` does by default (2 workers, per_worker_in_flight = W / 2,
+batches of at most 16 that `RayExecutor` shrinks to a quarter of a worker's share) unless
+--workers, --batch-size (a number, or `auto`) or --per-worker-in-flight say otherwise. On a
+shared machine, --settle-s waits for quiet before each cell; --worker-niceness changes the nice
+value of Ray's workers (car-ray's `init_ray` sets 0; Ray's own default is 15).
 
 Prints a table, the issue's targets as PASS / FAIL lines and where the provider or other
 processes limited a cell, and writes `throughput.parquet` and `throughput.csv` to `--out`.
@@ -232,6 +236,7 @@ class Cell:
     ray_workers: int | None = None
     batch_size: int | None = None
     per_worker_in_flight: int | None = None
+    repeat: int = 0
 
     @classmethod
     def between(
@@ -246,6 +251,7 @@ class Cell:
         warm_forks: int,
         max_threads: int,
         ray: tuple[RaySettings, int] | None = None,
+        repeat: int = 0,
     ) -> Cell:
         def delta(a: float | None, b: float | None) -> float | None:
             return None if a is None or b is None else b - a
@@ -275,6 +281,7 @@ class Cell:
             ray_workers=None if ray is None else ray[0].workers,
             batch_size=None if ray is None else ray[0].batch_for(in_flight),
             per_worker_in_flight=None if ray is None else ray[1],
+            repeat=repeat,
         )
 
     @property
@@ -480,7 +487,8 @@ def ray_executor(run: Run, settings: RaySettings, window: int) -> tuple[RayExecu
 
 def report(console: Console, cell: Cell) -> None:
     console.print(
-        f"{LABELS[cell.scheme]:>15} {cell.latency_ms:>4g} ms  W={cell.in_flight:<3} "
+        f"#{cell.repeat + 1} {LABELS[cell.scheme]:>15} {cell.latency_ms:>4g} ms  "
+        f"W={cell.in_flight:<3} "
         f"{cell.forks:>5} forks {cell.wall_s:6.2f} s {cell.forks_per_s:7.1f} forks/s "
         f"{cell.cpu_ms_per_fork:6.2f} CPU ms/fork  not ok {cell.not_ok}",
         highlight=False,
@@ -488,10 +496,15 @@ def report(console: Console, cell: Cell) -> None:
 
 
 async def bench_latency(
-    run: Run, windows: Sequence[int], schemes: Sequence[Scheme], ray: RaySettings
+    run: Run,
+    windows: Sequence[int],
+    schemes: Sequence[Scheme],
+    ray: RaySettings,
+    repeats: int,
 ) -> list[Cell]:
-    """Every scheme and window at one latency; (b) and (a) alternate window by window so that
-    a change in the machine's other load falls on both alike."""
+    """Every scheme and window at one latency, `repeats` times over; (c), (b) and (a) take
+    turns within each repeat, so that a change in the machine's speed or other load falls on
+    the schemes a ratio compares alike."""
     cells: list[Cell] = []
     threads = max(RUNNER_THREADS, *windows)
     runner = ForkRunner(
@@ -503,7 +516,7 @@ async def bench_latency(
     )
     meter = Meter(run.sim)
 
-    async def local_cell(scheme: Scheme, window: int) -> Cell:
+    async def local_cell(scheme: Scheme, window: int, repeat: int) -> Cell:
         settle(run)
         start, end, measured = await stream_local(
             runner,
@@ -521,27 +534,29 @@ async def bench_latency(
             in_flight=window,
             warm_forks=warm_count(window),
             max_threads=threads,
+            repeat=repeat,
         )
 
     try:
         runner.add_tape(run.tape)
-        if "sequential" in schemes:
-            cells.append(await local_cell("sequential", 1))
-            report(run.console, cells[-1])
-        for window in windows:
-            if "asyncio" in schemes:
-                cells.append(await local_cell("asyncio", window))
+        for repeat in range(repeats):
+            if "sequential" in schemes:
+                cells.append(await local_cell("sequential", 1, repeat))
                 report(run.console, cells[-1])
-            if "ray" in schemes:
-                # Blocking calls on this loop are fine: nothing else runs on it meanwhile.
-                cells.append(bench_ray_cell(run, window, ray))
-                report(run.console, cells[-1])
+            for window in windows:
+                if "asyncio" in schemes:
+                    cells.append(await local_cell("asyncio", window, repeat))
+                    report(run.console, cells[-1])
+                if "ray" in schemes:
+                    # Blocking calls on this loop are fine: nothing else runs on it meanwhile.
+                    cells.append(bench_ray_cell(run, window, ray, repeat))
+                    report(run.console, cells[-1])
     finally:
         await runner.aclose()
     return cells
 
 
-def bench_ray_cell(run: Run, window: int, settings: RaySettings) -> Cell:
+def bench_ray_cell(run: Run, window: int, settings: RaySettings, repeat: int) -> Cell:
     executor, per_worker = ray_executor(run, settings, window)
     pids = executor.worker_pids()
     try:
@@ -569,27 +584,37 @@ def bench_ray_cell(run: Run, window: int, settings: RaySettings) -> Cell:
         warm_forks=warm_count(window),
         max_threads=settings.threads_per_worker(window),
         ray=(settings, per_worker),
+        repeat=repeat,
     )
 
 
 def find(
-    cells: Sequence[Cell], scheme: Scheme, latency_ms: float, window: int | None = None
+    cells: Sequence[Cell],
+    scheme: Scheme,
+    latency_ms: float,
+    window: int | None = None,
+    repeat: int | None = None,
 ) -> Cell | None:
     for c in cells:
-        if (c.scheme, c.latency_ms) == (scheme, latency_ms) and window in (None, c.in_flight):
+        if (
+            (c.scheme, c.latency_ms) == (scheme, latency_ms)
+            and window in (None, c.in_flight)
+            and repeat in (None, c.repeat)
+        ):
             return c
     return None
 
 
 def over_sequential(cells: Sequence[Cell], cell: Cell) -> float | None:
-    """(a)'s forks/s over (c)'s at the same latency (the window does not apply to (c))."""
-    base = find(cells, "sequential", cell.latency_ms)
+    """(a)'s forks/s over (c)'s at the same latency in the same repeat (the window does not
+    apply to (c))."""
+    base = find(cells, "sequential", cell.latency_ms, repeat=cell.repeat)
     return None if base is None or cell.scheme != "ray" else cell.forks_per_s / base.forks_per_s
 
 
 def over_asyncio(cells: Sequence[Cell], cell: Cell) -> float | None:
-    """(a)'s forks/s over (b)'s at the same latency and window."""
-    base = find(cells, "asyncio", cell.latency_ms, cell.in_flight)
+    """(a)'s forks/s over (b)'s at the same latency and window in the same repeat."""
+    base = find(cells, "asyncio", cell.latency_ms, cell.in_flight, cell.repeat)
     return None if base is None or cell.scheme != "ray" else cell.forks_per_s / base.forks_per_s
 
 
@@ -597,11 +622,53 @@ def fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
+@dataclass(frozen=True)
+class Group:
+    """The repeats of one scheme at one latency and window: the table shows their median
+    cell (by forks/s) and the spread."""
+
+    cells: tuple[Cell, ...]
+
+    @property
+    def median(self) -> Cell:
+        ranked = sorted(self.cells, key=lambda c: c.forks_per_s)
+        return ranked[(len(ranked) - 1) // 2]
+
+    def ratios(self, all_cells: Sequence[Cell], over: Any) -> list[float]:
+        return [r for c in self.cells if (r := over(all_cells, c)) is not None]
+
+
+def median(values: Sequence[float]) -> float:
+    ranked = sorted(values)
+    middle = len(ranked) // 2
+    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
+
+
+def spread(values: Sequence[float], spec: str, suffix: str = "") -> str:
+    """`median (min-max)` of per-repeat values; the value alone for one repeat."""
+    if not values:
+        return "-"
+    mid = f"{median(values):{spec}}{suffix}"
+    if len(values) == 1:
+        return mid
+    return f"{mid} ({min(values):{spec}}-{max(values):{spec}})"
+
+
+def groups(cells: Sequence[Cell]) -> list[Group]:
+    order: dict[Scheme, int] = {"sequential": 0, "asyncio": 1, "ray": 2}
+    by_key: dict[tuple[float, int, int], list[Cell]] = {}
+    for c in cells:
+        by_key.setdefault((c.latency_ms, c.in_flight, order[c.scheme]), []).append(c)
+    return [Group(tuple(by_key[key])) for key in sorted(by_key)]
+
+
 def table(cells: Sequence[Cell], step: int, ray: RaySettings) -> Table:
+    repeats = max((c.repeat for c in cells), default=0) + 1
     out = Table(
         title=(
             f"Resample forks of the demo tape (step {step}, live tail): (a) Ray executor "
-            f"({ray.label}), (b) one asyncio process, (c) one fork at a time"
+            f"({ray.label}), (b) one asyncio process, (c) one fork at a time; "
+            f"median of {repeats} repeat(s) (min-max)"
         )
     )
     headers = (
@@ -623,20 +690,23 @@ def table(cells: Sequence[Cell], step: int, ray: RaySettings) -> Table:
     )
     for header in headers:
         out.add_column(header, justify="left" if header == "scheme" else "right")
-    order: dict[Scheme, int] = {"sequential": 0, "asyncio": 1, "ray": 2}
-    ordered = sorted(cells, key=lambda c: (c.latency_ms, c.in_flight, order[c.scheme]))
-    for c in ordered:
-        other = c.other_cpu_cores
+    for group in groups(cells):
+        c = group.median
+        other = max(
+            (x.other_cpu_cores for x in group.cells if x.other_cpu_cores is not None),
+            default=None,
+        )
+        not_ok = sum(x.not_ok for x in group.cells)
         out.add_row(
             LABELS[c.scheme],
             f"{c.latency_ms:g}",
             "1 (any)" if c.scheme == "sequential" else str(c.in_flight),
             str(c.forks),
             f"{c.wall_s:.2f}",
-            f"{c.forks_per_s:.1f}",
-            f"{c.cpu_ms_per_fork:.2f}",
-            fmt(over_sequential(cells, c), ".1f", "x"),
-            fmt(over_asyncio(cells, c), ".2f", "x"),
+            spread([x.forks_per_s for x in group.cells], ".1f"),
+            spread([x.cpu_ms_per_fork for x in group.cells], ".1f"),
+            spread(group.ratios(cells, over_sequential), ".1f", "x"),
+            spread(group.ratios(cells, over_asyncio), ".2f", "x"),
             f"{c.tail_calls_per_fork:.2f}",
             f"{c.ray_system_ms_per_fork:.2f}" if c.scheme == "ray" else "",
             fmt(c.provider_cpu_ms_per_fork, ".2f"),
@@ -644,7 +714,7 @@ def table(cells: Sequence[Cell], step: int, ray: RaySettings) -> Table:
             fmt(other, ".2f")
             if other is None or other < DISTURBED_CORES
             else f"[yellow]{other:.2f}",
-            str(c.not_ok) if c.not_ok == 0 else f"[bold red]{c.not_ok}[/]",
+            str(not_ok) if not_ok == 0 else f"[bold red]{not_ok}[/]",
         )
     return out
 
@@ -656,36 +726,41 @@ class Verdict:
 
 
 def verdicts(cells: Sequence[Cell]) -> list[Verdict]:
+    """The issue's targets on the median of the repeats' side-by-side ratios; every
+    repeat's ratio is printed with it."""
     out: list[Verdict] = []
     for t in TARGETS_OVER_SEQUENTIAL:
-        a = find(cells, "ray", t.latency_ms, t.in_flight)
-        c = find(cells, "sequential", t.latency_ms)
         what = f"(a) >= {t.at_least:g}x (c) at {t.latency_ms:g} ms, window {t.in_flight}"
-        if a is None or c is None:
+        measured = [
+            c
+            for c in cells
+            if (c.scheme, c.latency_ms, c.in_flight) == ("ray", t.latency_ms, t.in_flight)
+        ]
+        ratios = [r for c in measured if (r := over_sequential(cells, c)) is not None]
+        if not ratios:
             out.append(Verdict(False, f"{what}: not measured in this run"))
             continue
-        ratio = a.forks_per_s / c.forks_per_s
+        each = ", ".join(f"{r:.1f}x" for r in ratios)
+        below = sum(r < t.at_least for r in ratios)
         out.append(
             Verdict(
-                ratio >= t.at_least,
-                f"{what}: {ratio:.1f}x ({a.forks_per_s:.1f} vs {c.forks_per_s:.2f} forks/s)",
+                median(ratios) >= t.at_least,
+                f"{what}: median {median(ratios):.1f}x over {len(ratios)} repeat(s) ({each}; "
+                f"{below} below target)",
             )
         )
     for latency_ms in sorted({c.latency_ms for c in cells}):
+        at = [g for g in groups(cells) if g.median.latency_ms == latency_ms]
         pairs = [
-            (c, r)
-            for c in cells
-            if c.latency_ms == latency_ms and (r := over_asyncio(cells, c)) is not None
+            (g.median.in_flight, median(rs)) for g in at if (rs := g.ratios(cells, over_asyncio))
         ]
-        what = f"(a) >= 2/3 of (b) at every window, {latency_ms:g} ms"
+        what = f"(a) >= 2/3 of (b) at every window, {latency_ms:g} ms (median of repeats)"
         if not pairs:
             continue
-        low = [f"W={c.in_flight} {r:.2f}" for c, r in pairs if r < RAY_OVER_ASYNCIO_AT_LEAST]
-        worst, worst_ratio = min(pairs, key=lambda p: p[1])
+        low = [f"W={w} {r:.2f}" for w, r in pairs if r < RAY_OVER_ASYNCIO_AT_LEAST]
+        worst_window, worst_ratio = min(pairs, key=lambda p: p[1])
         detail = (
-            f"below at {', '.join(low)}"
-            if low
-            else f"lowest {worst_ratio:.2f} at W={worst.in_flight}"
+            f"below at {', '.join(low)}" if low else f"lowest {worst_ratio:.2f} at W={worst_window}"
         )
         out.append(Verdict(not low, f"{what}: {detail}"))
     return out
@@ -763,6 +838,7 @@ SCHEMA = pa.schema(
         pa.field("ray_workers", pa.int32()),
         pa.field("batch_size", pa.int32()),
         pa.field("per_worker_in_flight", pa.int32()),
+        pa.field("repeat", pa.int32(), nullable=False),
         pa.field("a_over_c", pa.float64()),
         pa.field("a_over_b", pa.float64()),
         # The run and the machine, on every row so that each row stands alone.
@@ -842,6 +918,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="~1 s per cell instead of ~3 s, windows up to 128 (~2-3 min instead of ~6)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the results")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="measure every cell this many times, schemes taking turns; the table and the "
+        "targets use the median (default 3)",
+    )
     parser.add_argument(
         "--step", type=int, default=DEFAULT_STEP, help="the step to resample (default 2)"
     )
@@ -938,7 +1021,9 @@ def bench(args: argparse.Namespace, console: Console) -> list[Cell]:
                     settle_s=args.settle_s,
                     console=console,
                 )
-                cells += asyncio.run(bench_latency(run, args.windows, schemes, settings))
+                cells += asyncio.run(
+                    bench_latency(run, args.windows, schemes, settings, args.repeats)
+                )
     return cells
 
 
@@ -962,6 +1047,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "intervention": "resample",
         "tail": "live",
         "quick": args.quick,
+        "repeats": args.repeats,
         "latencies_ms": args.latencies_ms,
         "windows": args.windows,
         "schemes": args.schemes,
