@@ -25,7 +25,15 @@ from .job import Job
 from .providers import PriceTable
 from .replay import BaseUrls
 from .results import ForkSink, read_job_json, write_attribution, write_job_json
-from .schedule import Budget, Cost, JobOutcome, Progress, Scheduler, job_id_of
+from .schedule import (
+    Budget,
+    Cost,
+    JobOutcome,
+    Progress,
+    Scheduler,
+    effective_budget,
+    job_id_of,
+)
 from .tape import Tape, load_tape
 
 log = structlog.get_logger("car_ray.attribute")
@@ -54,12 +62,15 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
 
 
 def _budget(job: Job, max_usd: float | None, max_forks: int | None) -> Budget:
+    """The job file's caps, overridden by the command line's, as the job will run them."""
     b = job.spec.budget
-    return Budget(
-        max_forks=max_forks if max_forks is not None else b.max_forks,
-        max_usd=max_usd if max_usd is not None else b.max_usd,
-        max_tokens=b.max_tokens,
-        max_wall_s=b.max_wall_s,
+    return effective_budget(
+        Budget(
+            max_forks=max_forks if max_forks is not None else b.max_forks,
+            max_usd=max_usd if max_usd is not None else b.max_usd,
+            max_tokens=b.max_tokens,
+            max_wall_s=b.max_wall_s,
+        )
     )
 
 
@@ -196,6 +207,8 @@ def attribute(
             # job.json follows the ledger at every flush: a killed driver's successor reads it.
             if scheduler is not None:
                 info["ledger"] = scheduler.governor.snapshot()
+                if scheduler.candidates:
+                    info["shapley_candidates"] = scheduler.candidates
                 info["progress"] = {"done": p.done, "lost": p.lost, "stage": p.stage}
                 write_job_json(out, job_id, info)
 
@@ -224,6 +237,7 @@ def attribute(
                     already=existing,
                     already_spent=already,
                     already_elapsed_s=float(ledger.get("elapsed_s") or 0.0),
+                    candidates=[int(k) for k in previous.get("shapley_candidates", [])],
                     on_progress=show,
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
@@ -239,6 +253,7 @@ def attribute(
         wall_s=time.time() - started,
         lost_forks=outcome.progress.lost,
         stages=scheduler.stage_times if scheduler else {},
+        shapley_candidates=scheduler.candidates if scheduler else [],
         recorded_outcome=tape_outcome(job, tape),
     )
     write_attribution(out, job_id, outcome.attribution)

@@ -59,6 +59,10 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
     assert info is not None and info["status"] == outcome.status
     assert info["ledger"]["spent"]["forks"] == len(rows)
     assert info["ledger"]["spent"]["forks"] <= 3000
+    # A restarted driver reads the Shapley candidates back from job.json.
+    assert info["shapley_candidates"] == sorted(
+        r["step"] for r in outcome.attribution if r["phi"] is not None
+    )
     # DuckDB reads the output as it is.
     forks = duckdb.sql(f"select count(*) from read_parquet('{folder}/forks/*.parquet')")
     assert forks.fetchall() == [(len(rows),)]

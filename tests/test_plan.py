@@ -1,13 +1,17 @@
-"""The scheduler's bookkeeping, without Ray: arms from the job file and seeds per stage."""
+"""The scheduler's bookkeeping, without Ray: arms, seeds, reservations, candidates, rows."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from car_ray.execute import Item
 from car_ray.job import InterventionEntry, Job, load_job
 from car_ray.providers import PriceTable
-from car_ray.replay import Resample
-from car_ray.schedule import Budget, Scheduler
+from car_ray.replay import ForkSpec, Resample, SwapPolicy
+from car_ray.schedule import Budget, Scheduler, effective_budget
+from car_ray.schedule._plan import DEFAULT_MAX_FORKS
 from car_ray.tape import Tape
 
 from .conftest import SUPPORT_JOB
@@ -50,3 +54,127 @@ def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
     empty = s._spec("shapley", "", {}, "pinned")
     # The pinned-everything control is the empty coalition: they share one counter.
     assert empty.seed == 1 and empty.task_id != control.task_id
+
+
+def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -> None:
+    s = _scheduler(support_tape)
+    s.prices = PriceTable.load()
+    recorded = s.estimate(ForkSpec(tape_id=support_tape.tape_id, interventions={2: Resample()}))
+    pricier = s.estimate(
+        ForkSpec(tape_id=support_tape.tape_id, interventions={2: SwapPolicy(model="gpt-4o")})
+    )
+    # configs/pricing.toml: gpt-4o costs 16.7x gpt-4o-mini a token, in and out alike; the
+    # renamed body is 5 bytes shorter, so slightly fewer input tokens are assumed.
+    assert pricier.usd == pytest.approx(recorded.usd * 2.50 / 0.15, rel=0.01)
+    assert pricier.forks == recorded.forks == 1
+    # A later swap that names no model hands the calls back to the agent's own model.
+    back = s.estimate(
+        ForkSpec(
+            tape_id=support_tape.tape_id,
+            interventions={
+                2: SwapPolicy(model="gpt-4o"),
+                4: SwapPolicy(base_url="http://127.0.0.1:1/v1"),
+            },
+        )
+    )
+    assert recorded.usd < back.usd < pricier.usd
+
+
+def test_a_resumed_job_keeps_the_shapley_candidates_its_first_run_chose(
+    support_tape: Tape,
+) -> None:
+    rates = {0: 0.1, 2: 0.5, 4: 0.9, 6: 0.2}
+    fresh = _scheduler(support_tape)
+    # max_forks 10 leaves room for 2^2 coalitions of MIN_FORKS_PER_COALITION: the top two.
+    assert fresh._shapley_candidates(rates) == [2, 4]
+    job = load_job(SUPPORT_JOB)
+    resumed = Scheduler(
+        job,
+        support_tape,
+        job_id="t",
+        executor=None,
+        sink=None,
+        budget=Budget(max_forks=10),
+        prices=PriceTable(),
+        candidates=[6, 0],
+    )
+    # Even though no coalition holding step 6 or 0 was written before the driver died.
+    assert resumed._shapley_candidates(rates) == [0, 6]
+
+
+def test_a_job_with_no_caps_runs_and_says_it_runs_under_the_default_fork_cap() -> None:
+    assert effective_budget(Budget()) == Budget(max_forks=DEFAULT_MAX_FORKS)
+    assert effective_budget(Budget(max_wall_s=5)) == Budget(
+        max_forks=DEFAULT_MAX_FORKS, max_wall_s=5
+    )
+    assert effective_budget(Budget(max_usd=0.5)) == Budget(max_usd=0.5)
+
+
+class _OneShotExecutor:
+    """Runs nothing: each submitted fork comes straight back as a made-up ok row."""
+
+    def __init__(self) -> None:
+        self.pending: list[Item] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.pending)
+
+    def submit(self, items: list[Item]) -> None:
+        self.pending += items
+
+    def wait(self, timeout_s: float = 0.5) -> list[list[dict[str, Any]]]:
+        rows = [
+            {
+                "task_id": i.spec.task_id,
+                "spec": i.spec.model_dump_json(),
+                "stage": i.stage,
+                "cost_usd": 0.0,
+                "tokens_in": 0,
+                "tokens_out": 0,
+                "outcome": 1.0,
+                "recorded_outcome": 1.0,
+                "flipped": False,
+                "status": "ok",
+            }
+            for i in self.pending
+        ]
+        self.pending = []
+        return [rows]
+
+
+class _Sink:
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> bool:
+        if row["task_id"] in self.refuse:
+            return False
+        self.rows.append(row)
+        return True
+
+    def maybe_flush(self) -> None:
+        pass
+
+
+def test_every_fork_a_stage_hands_out_comes_back_once_even_a_row_the_sink_refuses(
+    support_tape: Tape,
+) -> None:
+    s = _scheduler(support_tape)
+    specs = [s._spec("screen", "resample@4", {4: Resample()}, "live", j) for j in range(3)]
+    s.executor = _OneShotExecutor()
+    s.sink = _Sink(refuse={specs[1].task_id})
+    given = iter([[("screen", spec) for spec in specs]])
+    rows: list[str] = []
+    unrun: list[str] = []
+    exhausted = s._run(
+        lambda room: next(given, None),
+        lambda row: rows.append(row["task_id"]),
+        lambda spec: unrun.append(spec.task_id),
+    )
+    assert not exhausted
+    assert rows == [specs[0].task_id, specs[2].task_id]
+    # The refused duplicate is reported as unrun, so its arm's pending count goes back down.
+    assert unrun == [specs[1].task_id]
+    assert s.governor.spent.forks == 3 and s.governor.reserved.forks == 0

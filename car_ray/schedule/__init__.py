@@ -25,7 +25,7 @@ from ._estimators import (
     shapley_planner,
     wilson,
 )
-from ._plan import Arm, JobOutcome, Progress, Scheduler, job_id_of
+from ._plan import Arm, JobOutcome, Progress, Scheduler, effective_budget, job_id_of
 
 __all__ = [
     "Arm",
@@ -47,6 +47,7 @@ __all__ = [
     "StepAttribution",
     "confidence_sequence",
     "confidence_sequences",
+    "effective_budget",
     "exact_shapley",
     "job_id_of",
     "shapley_coefficients",

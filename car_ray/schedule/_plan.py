@@ -26,6 +26,7 @@ from ..replay import (
     Intervention,
     Resample,
     SpendLimit,
+    SwapPolicy,
     Tail,
     call_bound,
     is_bad,
@@ -84,6 +85,19 @@ class JobOutcome:
     progress: Progress
 
 
+def effective_budget(budget: Budget) -> Budget:
+    """The caps a job runs under: a job that sets none gets DEFAULT_MAX_FORKS (a job never
+    runs unbounded)."""
+    if all(v is None for v in (budget.max_forks, budget.max_usd, budget.max_tokens)):
+        return Budget(
+            max_forks=DEFAULT_MAX_FORKS,
+            max_usd=budget.max_usd,
+            max_tokens=budget.max_tokens,
+            max_wall_s=budget.max_wall_s,
+        )
+    return budget
+
+
 def job_id_of(job: Job, tape: Tape) -> str:
     """The same request on the same tape is the same job (budget and output aside), so a
     restart on the same output resumes it."""
@@ -107,6 +121,7 @@ class Scheduler:
         already: list[dict[str, Any]] | None = None,
         already_spent: Cost | None = None,
         already_elapsed_s: float = 0.0,
+        candidates: list[int] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         on_submit: Callable[[], None] | None = None,
     ) -> None:
@@ -118,13 +133,7 @@ class Scheduler:
         self.sink = sink
         self.prices = prices
         self.alpha = 1 - self.spec.confidence
-        if all(v is None for v in (budget.max_forks, budget.max_usd, budget.max_tokens)):
-            budget = Budget(
-                max_forks=DEFAULT_MAX_FORKS,
-                max_usd=budget.max_usd,
-                max_tokens=budget.max_tokens,
-                max_wall_s=budget.max_wall_s,
-            )
+        budget = effective_budget(budget)
         self.budget = budget
         self.governor = BudgetGovernor(
             budget, already_spent=already_spent or Cost(), already_elapsed_s=already_elapsed_s
@@ -144,7 +153,9 @@ class Scheduler:
         self.arms = self._arms()
         self.shapley: ShapleyPlanner[int] | None = None
         self.races: dict[str, Race[str]] = {}
-        self.candidates: list[int] = []
+        # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
+        # from job.json: its flip-rates, and so its choice, may differ now).
+        self.candidates: list[int] = sorted(candidates or [])
         for row in already or []:
             self._remember(row)
         self.progress.resumed = len(already or [])
@@ -204,9 +215,18 @@ class Scheduler:
         # leaves the tape's, so every later model call may be live.
         live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
         calls = len(live) * TAIL_SLACK + (1 if live else 0)
+        # A policy swap holds from its step until the next swap: its model, at its price.
+        swaps = sorted(
+            (k, iv) for k, iv in spec.interventions.items() if isinstance(iv, SwapPolicy)
+        )
         usd = tokens = 0.0
         for event in live:
-            t, u = call_bound(event.request.body, self.prices, event.model, self.output_bound)
+            body, model = event.request.body, event.model
+            active = [iv for k, iv in swaps if k <= event.step]
+            if active and active[-1].model is not None:
+                model = active[-1].model
+                body = {**body, "model": model} if isinstance(body, dict) else body
+            t, u = call_bound(body, self.prices, model, self.output_bound)
             usd, tokens = max(usd, u), max(tokens, t)
         return Cost(forks=1, usd=usd * calls, tokens=int(tokens * calls))
 
@@ -324,6 +344,11 @@ class Scheduler:
                     if self.sink.add(row):
                         self._remember(row)
                         on_row(row)
+                    else:
+                        # A row the sink already holds: the estimators counted it once; the
+                        # stage still hears that this fork came back, or its arm stays
+                        # "pending" for good.
+                        on_unrun(ForkSpec.model_validate_json(row["spec"]))
                     self.progress.done += 1
             self.sink.maybe_flush()
             self._tick()
@@ -518,29 +543,12 @@ class Scheduler:
         if len(resample) < 2:
             return False
         rates = {a.step: _rate(self._arm_rows(a)) for a in resample}
-        # As many candidates (by flip-rate, at most ten) as the budget can give every
-        # coalition a few forks: 2^k coalitions, MIN_FORKS_PER_COALITION each.
-        left = self._quota(1.0)
-        size = 2
-        while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
-            size += 1
-        self.candidates = sorted(sorted(rates, key=lambda k: (-rates[k], k))[:size])
-        earlier = {
-            int(k)
-            for (stage, key) in self.rows_by_arm
-            if stage == "shapley"
-            for k in key.split(",")
-            if k
-        }
-        if earlier:
-            # A resumed job keeps the candidates its first run chose (its flip-rates, and so
-            # its choice, may differ now): the rows already written stay usable.
-            self.candidates = sorted(earlier)
-            size = len(earlier)
+        self.candidates = self._shapley_candidates(rates)
+        size = len(self.candidates)
         if size < len(rates):
             self.notes.append(
                 f"shapley over the top {size} of {len(rates)} steps by flip-rate "
-                f"({sorted(self.candidates)}): the budget left allows no more"
+                f"({self.candidates}): the budget left allows no more"
             )
         planner: ShapleyPlanner[int] = shapley_planner(self.candidates, alpha=self.alpha)
         self.shapley = planner
@@ -582,6 +590,29 @@ class Scheduler:
             return out
 
         return self._run(next_batch, on_row, on_unrun)
+
+    def _shapley_candidates(self, rates: dict[int, float]) -> list[int]:
+        """As many steps (by flip-rate, at most ten) as the budget can give every coalition a
+        few forks: 2^k coalitions, MIN_FORKS_PER_COALITION each. A resumed job keeps the
+        choice its first run made, so the rows already written stay usable: the one saved in
+        job.json, or else (a job.json from before it was saved) the steps its coalitions
+        name."""
+        if self.candidates:
+            return self.candidates
+        earlier = {
+            int(k)
+            for (stage, key) in self.rows_by_arm
+            if stage == "shapley"
+            for k in key.split(",")
+            if k
+        }
+        if earlier:
+            return sorted(earlier)
+        left = self._quota(1.0)
+        size = 2
+        while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
+            size += 1
+        return sorted(sorted(rates, key=lambda k: (-rates[k], k))[:size])
 
     # -- aggregate ----------------------------------------------------------------------------
 
