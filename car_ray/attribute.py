@@ -20,7 +20,7 @@ from rich.live import Live
 from rich.table import Table
 
 from . import __version__
-from .execute import RayExecutor, WorkerConfig, init_ray
+from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
 from .job import Job
 from .providers import PriceTable
 from .replay import BaseUrls
@@ -180,6 +180,7 @@ def attribute(
     }
     with live_provider(job) as urls:
         init_ray(address)
+        info["ray"] = cluster_info(address)
         settings = job.spec.provider
         executor = RayExecutor(
             WorkerConfig(

@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
-from ._ray import BatchLost, ForkWorker, Item, RayExecutor, WorkerConfig, init_ray
+from ._ray import (
+    BatchLost,
+    ClusterUnreachable,
+    ForkWorker,
+    Item,
+    RayExecutor,
+    WorkerConfig,
+    cluster_info,
+    init_ray,
+)
 
-__all__ = ["BatchLost", "ForkWorker", "Item", "RayExecutor", "WorkerConfig", "init_ray"]
+__all__ = [
+    "BatchLost",
+    "ClusterUnreachable",
+    "ForkWorker",
+    "Item",
+    "RayExecutor",
+    "WorkerConfig",
+    "cluster_info",
+    "init_ray",
+]

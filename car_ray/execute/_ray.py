@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -141,6 +142,55 @@ class BatchLost(Exception):
         super().__init__(f"{len(items)} forks lost with their worker: {cause!r}")
 
 
+class ClusterUnreachable(ValueError):
+    """`--address` names a Ray cluster this driver cannot join."""
+
+
+def _token_auth_if_available() -> None:
+    """Send the token a cluster started with `ray start` expects. Ray >= 2.59 turns token
+    authentication on for the clusters it starts, but a driver that joins one sends no
+    token unless RAY_AUTH_MODE says so. Ray's own rule for a local start (token mode when a
+    token is at hand: RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) is private
+    API and must also refresh Ray's cached config, so it is called rather than copied; a Ray
+    without it has no token authentication to turn on."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available,
+        )
+    except ImportError:  # pragma: no cover - Ray before 2.59
+        return
+    maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a `host:port` nobody listens on: Ray itself retries it for minutes."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", a ray:// client address, ...: Ray's own checks apply
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except OSError as exc:
+        raise ClusterUnreachable(
+            f"could not join the Ray cluster at {address}: nothing answers there ({exc}). "
+            f"Start one (`ray start --head --port {port}`) or check the address"
+        ) from None
+
+
+def cluster_info(address: str | None) -> dict[str, Any]:
+    """Where the job runs, for job.json: the cluster's GCS address and its nodes."""
+    listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
+    nodes = [n for n in listed if n.get("Alive")]
+    return {
+        "embedded": address is None,
+        "address": ray.get_runtime_context().gcs_address,
+        "nodes": len(nodes),
+        "cpus": sum(float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes),
+    }
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Join `address`, or start an embedded local Ray: no dashboard, quiet logs."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -158,9 +208,22 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         "configure_logging": True,
     }
     if address:
-        ray.init(address=address, **kwargs)
+        _probe(address)
+        _token_auth_if_available()
+        try:
+            ray.init(address=address, **kwargs)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClusterUnreachable(
+                f"could not join the Ray cluster at {address}: {exc}\n"
+                f"Check that it runs (`ray status --address {address}`) and, if it uses token "
+                "authentication, that its token is in RAY_AUTH_TOKEN, in the file "
+                "RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token"
+            ) from None
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count() or 2, **kwargs)
+        # "local": always a new instance. Without it, ray.init() joins whatever cluster
+        # RAY_ADDRESS or /tmp/ray/ray_current_cluster names (a `ray start` left running),
+        # and then refuses num_cpus.
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, **kwargs)
 
 
 class RayExecutor:
