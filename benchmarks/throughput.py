@@ -47,10 +47,11 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import median
 from typing import Any, Literal
 
 import pyarrow as pa
@@ -625,23 +626,19 @@ def fmt(value: float | None, spec: str, suffix: str = "") -> str:
 @dataclass(frozen=True)
 class Group:
     """The repeats of one scheme at one latency and window: the table shows their median
-    cell (by forks/s) and the spread."""
+    cell (by forks/s; the lower middle one for an even count) and the spread."""
 
     cells: tuple[Cell, ...]
 
     @property
-    def median(self) -> Cell:
+    def middle(self) -> Cell:
         ranked = sorted(self.cells, key=lambda c: c.forks_per_s)
         return ranked[(len(ranked) - 1) // 2]
 
-    def ratios(self, all_cells: Sequence[Cell], over: Any) -> list[float]:
+    def ratios(
+        self, all_cells: Sequence[Cell], over: Callable[[Sequence[Cell], Cell], float | None]
+    ) -> list[float]:
         return [r for c in self.cells if (r := over(all_cells, c)) is not None]
-
-
-def median(values: Sequence[float]) -> float:
-    ranked = sorted(values)
-    middle = len(ranked) // 2
-    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
 
 
 def spread(values: Sequence[float], spec: str, suffix: str = "") -> str:
@@ -691,7 +688,7 @@ def table(cells: Sequence[Cell], step: int, ray: RaySettings) -> Table:
     for header in headers:
         out.add_column(header, justify="left" if header == "scheme" else "right")
     for group in groups(cells):
-        c = group.median
+        c = group.middle
         other = max(
             (x.other_cpu_cores for x in group.cells if x.other_cpu_cores is not None),
             default=None,
@@ -704,7 +701,7 @@ def table(cells: Sequence[Cell], step: int, ray: RaySettings) -> Table:
             str(c.forks),
             f"{c.wall_s:.2f}",
             spread([x.forks_per_s for x in group.cells], ".1f"),
-            spread([x.cpu_ms_per_fork for x in group.cells], ".1f"),
+            spread([x.cpu_ms_per_fork for x in group.cells], ".2f"),
             spread(group.ratios(cells, over_sequential), ".1f", "x"),
             spread(group.ratios(cells, over_asyncio), ".2f", "x"),
             f"{c.tail_calls_per_fork:.2f}",
@@ -750,9 +747,9 @@ def verdicts(cells: Sequence[Cell]) -> list[Verdict]:
             )
         )
     for latency_ms in sorted({c.latency_ms for c in cells}):
-        at = [g for g in groups(cells) if g.median.latency_ms == latency_ms]
+        at = [g for g in groups(cells) if g.middle.latency_ms == latency_ms]
         pairs = [
-            (g.median.in_flight, median(rs)) for g in at if (rs := g.ratios(cells, over_asyncio))
+            (g.middle.in_flight, median(rs)) for g in at if (rs := g.ratios(cells, over_asyncio))
         ]
         what = f"(a) >= 2/3 of (b) at every window, {latency_ms:g} ms (median of repeats)"
         if not pairs:
@@ -901,6 +898,13 @@ def write_results(
     return parquet_path, csv_path
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("at least 1")
+    return value
+
+
 def batch_size(text: str) -> int | None:
     if text == "auto":
         return None
@@ -915,12 +919,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="~1 s per cell instead of ~3 s, windows up to 128 (~2-3 min instead of ~6)",
+        help="~1 s per cell instead of ~3 s, windows up to 128 (with 3 repeats: ~7 min "
+        "instead of ~18)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the results")
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=positive,
         default=3,
         help="measure every cell this many times, schemes taking turns; the table and the "
         "targets use the median (default 3)",
@@ -1029,7 +1034,7 @@ def bench(args: argparse.Namespace, console: Console) -> list[Cell]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    console = make_console(width=200)
+    console = make_console(width=240)
     started = time.perf_counter()
     load_before = warn_if_loaded(console)
     cells = bench(args, console)

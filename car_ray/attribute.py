@@ -179,8 +179,7 @@ def attribute(
         "runs": previous.get("runs", 0) + 1,
     }
     with live_provider(job) as urls:
-        init_ray(address)
-        info["ray"] = cluster_info(address)
+        info["ray"] = cluster_info(init_ray(address))
         settings = job.spec.provider
         executor = RayExecutor(
             WorkerConfig(
@@ -200,6 +199,8 @@ def attribute(
         if ledger:
             # Until this run's ledger is written, the last one stands (with its reserved).
             info["ledger"] = ledger
+        if previous.get("shapley_candidates"):
+            info["shapley_candidates"] = previous["shapley_candidates"]
         write_job_json(out, job_id, info)
         sink = ForkSink(out, job_id)
         scheduler: Scheduler | None = None

@@ -307,7 +307,14 @@ def attribute_cmd(
     out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
     max_usd: Annotated[float | None, typer.Option(help="dollar cap (overrides the job)")] = None,
     max_forks: Annotated[int | None, typer.Option(help="fork cap (overrides the job)")] = None,
-    address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="join this Ray cluster (host:port, or 'auto': RAY_ADDRESS or the last "
+            "`ray start` here); without it the job starts its own local Ray, whatever "
+            "RAY_ADDRESS says"
+        ),
+    ] = None,
 ) -> None:
     """Find which step caused the bad outcome: forks on Ray, under the budget."""
     from .attribute import attribute

@@ -19,7 +19,7 @@ import pytest
 
 from car_ray.attribute import attribute
 from car_ray.job import Job, load_job
-from car_ray.results import read_job_json
+from car_ray.results import read_job_json, write_job_json
 from car_ray.schedule import job_id_of
 from car_ray.tape import Tape
 
@@ -72,6 +72,21 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
     ).fetchall()
     assert ranked == [(4,)]
     assert (Path(folder) / "report.html").stat().st_size > 100_000
+
+
+def test_a_restarted_job_keeps_the_shapley_candidates_in_its_job_json(
+    tmp_path: Path, support_tape: Tape
+) -> None:
+    job = _job(tmp_path, support_tape)
+    # As a first run killed before its first Shapley fork left it: the candidates it chose
+    # (steps the demo's flip-rates would not pick) and no Shapley row.
+    write_job_json(tmp_path, job_id_of(job, support_tape), {"shapley_candidates": [0, 6]})
+    _, outcome = attribute(job, tape=support_tape, out=str(tmp_path), max_forks=300)
+    measured = {r["step"] for r in outcome.attribution if r["phi"] is not None}
+    assert {0, 6} <= measured, outcome.attribution
+    assert any("before it was restarted ([0, 6])" in note for note in outcome.notes)
+    info = read_job_json(str(tmp_path), outcome.job_id)
+    assert info is not None and info["shapley_candidates"] == sorted(measured)
 
 
 @pytest.mark.parametrize(("cap", "value"), [("max_forks", 200), ("max_usd", 0.02)])

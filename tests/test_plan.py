@@ -78,6 +78,9 @@ def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -
         )
     )
     assert recorded.usd < back.usd < pricier.usd
+    # A fork with nothing live on the tape after its first intervention (here: none at all)
+    # still has room for one call, as large as the tape's largest.
+    assert s.estimate(ForkSpec(tape_id=support_tape.tape_id, interventions={})).usd > 0
 
 
 def test_a_resumed_job_keeps_the_shapley_candidates_its_first_run_chose(
@@ -87,19 +90,23 @@ def test_a_resumed_job_keeps_the_shapley_candidates_its_first_run_chose(
     fresh = _scheduler(support_tape)
     # max_forks 10 leaves room for 2^2 coalitions of MIN_FORKS_PER_COALITION: the top two.
     assert fresh._shapley_candidates(rates) == [2, 4]
-    job = load_job(SUPPORT_JOB)
-    resumed = Scheduler(
-        job,
-        support_tape,
-        job_id="t",
-        executor=None,
-        sink=None,
-        budget=Budget(max_forks=10),
-        prices=PriceTable(),
-        candidates=[6, 0],
-    )
-    # Even though no coalition holding step 6 or 0 was written before the driver died.
-    assert resumed._shapley_candidates(rates) == [0, 6]
+
+    def resumed(saved: list[int]) -> Scheduler:
+        return Scheduler(
+            load_job(SUPPORT_JOB),
+            support_tape,
+            job_id="t",
+            executor=None,
+            sink=None,
+            budget=Budget(max_forks=10),
+            prices=PriceTable(),
+            candidates=saved,
+        )
+
+    # Kept even though no coalition holding step 6 or 0 was written before the driver died.
+    assert resumed([6, 0])._shapley_candidates(rates) == [0, 6]
+    # A budget with room for more adds the next steps by flip-rate to the kept ones.
+    assert resumed([6])._shapley_candidates(rates) == [4, 6]
 
 
 def test_a_job_with_no_caps_runs_and_says_it_runs_under_the_default_fork_cap() -> None:
@@ -158,12 +165,13 @@ class _Sink:
         pass
 
 
-def test_every_fork_a_stage_hands_out_comes_back_once_even_a_row_the_sink_refuses(
+def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     support_tape: Tape,
 ) -> None:
     s = _scheduler(support_tape)
     specs = [s._spec("screen", "resample@4", {4: Resample()}, "live", j) for j in range(3)]
     s.executor = _OneShotExecutor()
+    # As if another run of the job wrote this fork's row after this one read the output.
     s.sink = _Sink(refuse={specs[1].task_id})
     given = iter([[("screen", spec) for spec in specs]])
     rows: list[str] = []
@@ -174,7 +182,6 @@ def test_every_fork_a_stage_hands_out_comes_back_once_even_a_row_the_sink_refuse
         lambda spec: unrun.append(spec.task_id),
     )
     assert not exhausted
-    assert rows == [specs[0].task_id, specs[2].task_id]
-    # The refused duplicate is reported as unrun, so its arm's pending count goes back down.
-    assert unrun == [specs[1].task_id]
+    assert rows == [spec.task_id for spec in specs] and unrun == []
+    assert len(s.rows_by_arm[("screen", "resample@4")]) == 3
     assert s.governor.spent.forks == 3 and s.governor.reserved.forks == 0

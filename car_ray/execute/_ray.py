@@ -15,10 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import ray
 import structlog
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayError
 
 from ..providers import PriceTable
 from ..replay import (
@@ -164,14 +165,43 @@ def _token_auth_if_available() -> None:
     maybe_enable_token_auth_if_token_available(warn_if_disabled=False)
 
 
+def _resolve(address: str) -> str:
+    """The `host:port` a driver would join: "auto" is RAY_ADDRESS, else the cluster the last
+    `ray start` on this machine wrote down (as Ray reads it)."""
+    if address != "auto":
+        return address
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    try:
+        from ray._private.utils import read_ray_address
+
+        found = read_ray_address()
+    except ImportError:  # pragma: no cover - a Ray that moved it: Ray's own checks apply
+        return address
+    return found or address
+
+
 def _probe(address: str) -> None:
     """Fail fast on a `host:port` nobody listens on: Ray itself retries it for minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or "://" in address or not port.isdigit():
-        return  # "auto", a ray:// client address, ...: Ray's own checks apply
+    if "://" in address:
+        return  # a ray:// client address: Ray's own checks apply
+    where = urlsplit(f"//{address}")
     try:
-        with socket.create_connection((host, int(port)), timeout=5):
+        host, port = where.hostname, where.port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise ClusterUnreachable(
+            f"--address {address!r} is not host:port (e.g. 127.0.0.1:6379 or [::1]:6379)"
+        )
+    try:
+        with socket.create_connection((host, port), timeout=5):
             pass
+    except socket.gaierror as exc:
+        raise ClusterUnreachable(
+            f"could not join the Ray cluster at {address}: the host {host!r} does not "
+            f"resolve ({exc})"
+        ) from None
     except OSError as exc:
         raise ClusterUnreachable(
             f"could not join the Ray cluster at {address}: nothing answers there ({exc}). "
@@ -179,26 +209,30 @@ def _probe(address: str) -> None:
         ) from None
 
 
-def cluster_info(address: str | None) -> dict[str, Any]:
-    """Where the job runs, for job.json: the cluster's GCS address and its nodes."""
+def cluster_info(how: str) -> dict[str, Any]:
+    """Where the job runs, for job.json: how this driver got its Ray (`init_ray`'s answer),
+    the cluster's GCS address and its live nodes."""
     listed: list[dict[str, Any]] = ray.nodes()  # type: ignore[no-untyped-call]
     nodes = [n for n in listed if n.get("Alive")]
     return {
-        "embedded": address is None,
+        "how": how,
         "address": ray.get_runtime_context().gcs_address,
         "nodes": len(nodes),
         "cpus": sum(float(n.get("Resources", {}).get("CPU", 0.0)) for n in nodes),
     }
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join `address`, or start an embedded local Ray: no dashboard, quiet logs."""
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> str:
+    """Join `address` ("auto": RAY_ADDRESS or the last `ray start` here), or start an
+    embedded local Ray: no dashboard, quiet logs. RAY_ADDRESS alone does not make a job
+    join a cluster: --address does. Returns what it did: "joined", "embedded", or "already"
+    (Ray was initialized in this process before; nothing changed)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Ray runs workers at nice 15 by default: any busy process (the simulated provider,
     # the driver) would take the CPU from the forks first.
     os.environ.setdefault("RAY_worker_niceness", "0")
     if ray.is_initialized():
-        return
+        return "already"
     import logging
 
     kwargs: dict[str, Any] = {
@@ -208,22 +242,25 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         "configure_logging": True,
     }
     if address:
-        _probe(address)
+        target = _resolve(address)
+        _probe(target)
         _token_auth_if_available()
         try:
-            ray.init(address=address, **kwargs)
-        except (ConnectionError, RuntimeError) as exc:
+            ray.init(address=target, **kwargs)
+        except (ConnectionError, RuntimeError, RayError) as exc:
+            # RayError: AuthenticationError, a token missing or wrong.
             raise ClusterUnreachable(
-                f"could not join the Ray cluster at {address}: {exc}\n"
-                f"Check that it runs (`ray status --address {address}`) and, if it uses token "
+                f"could not join the Ray cluster at {target}: {exc}\n"
+                f"Check that it runs (`ray status --address {target}`) and, if it uses token "
                 "authentication, that its token is in RAY_AUTH_TOKEN, in the file "
                 "RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token"
             ) from None
-    else:
-        # "local": always a new instance. Without it, ray.init() joins whatever cluster
-        # RAY_ADDRESS or /tmp/ray/ray_current_cluster names (a `ray start` left running),
-        # and then refuses num_cpus.
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, **kwargs)
+        return "joined"
+    # "local": always a new instance. Without it, ray.init() joins whatever cluster
+    # RAY_ADDRESS or /tmp/ray/ray_current_cluster names (a `ray start` left running), and
+    # then refuses num_cpus.
+    ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 2, **kwargs)
+    return "embedded"
 
 
 class RayExecutor:

@@ -214,15 +214,18 @@ class Scheduler:
         # Pinned tails too: a pin is lost (and the call goes live) when the run's shape
         # leaves the tape's, so every later model call may be live.
         live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
-        calls = len(live) * TAIL_SLACK + (1 if live else 0)
+        calls = len(live) * TAIL_SLACK + 1
+        # Room for one call beyond the tape's, sized like its largest: also after a trailing
+        # tool step, whose live tail may still call a model.
+        sized = live or [e for e in self.steps if isinstance(e, LlmEvent)]
         # A policy swap holds from its step until the next swap: its model, at its price.
         swaps = sorted(
             (k, iv) for k, iv in spec.interventions.items() if isinstance(iv, SwapPolicy)
         )
         usd = tokens = 0.0
-        for event in live:
+        for event in sized:
             body, model = event.request.body, event.model
-            active = [iv for k, iv in swaps if k <= event.step]
+            active = [iv for k, iv in swaps if k <= max(event.step, first)]
             if active and active[-1].model is not None:
                 model = active[-1].model
                 body = {**body, "model": model} if isinstance(body, dict) else body
@@ -341,13 +344,14 @@ class Scheduler:
                         # The ledger has the true spend; say so rather than stop the job.
                         self.notes.append(f"OVERSPENT: {exc}")
                         log.warning("reservation_exceeded", task=row["task_id"], error=str(exc))
-                    if self.sink.add(row):
+                    added = self.sink.add(row)
+                    if added or row["task_id"] not in self.rows_by_task:
+                        # A row the sink refuses is one it already holds on disk (another
+                        # run of this job wrote it after this one read the output): it is
+                        # still this fork's result, and the estimators must see it once.
                         self._remember(row)
                         on_row(row)
-                    else:
-                        # A row the sink already holds: the estimators counted it once; the
-                        # stage still hears that this fork came back, or its arm stays
-                        # "pending" for good.
+                    else:  # pragma: no cover - a task is never submitted twice
                         on_unrun(ForkSpec.model_validate_json(row["spec"]))
                     self.progress.done += 1
             self.sink.maybe_flush()
@@ -543,9 +547,17 @@ class Scheduler:
         if len(resample) < 2:
             return False
         rates = {a.step: _rate(self._arm_rows(a)) for a in resample}
+        saved = list(self.candidates)
         self.candidates = self._shapley_candidates(rates)
         size = len(self.candidates)
-        if size < len(rates):
+        if saved:
+            added = sorted(set(self.candidates) - set(saved))
+            self.notes.append(
+                f"shapley over steps {self.candidates}: the candidates this job chose before "
+                f"it was restarted ({saved})"
+                + (f", and {added} the budget now allows" if added else "")
+            )
+        elif size < len(rates):
             self.notes.append(
                 f"shapley over the top {size} of {len(rates)} steps by flip-rate "
                 f"({self.candidates}): the budget left allows no more"
@@ -594,25 +606,26 @@ class Scheduler:
     def _shapley_candidates(self, rates: dict[int, float]) -> list[int]:
         """As many steps (by flip-rate, at most ten) as the budget can give every coalition a
         few forks: 2^k coalitions, MIN_FORKS_PER_COALITION each. A resumed job keeps the
-        choice its first run made, so the rows already written stay usable: the one saved in
-        job.json, or else (a job.json from before it was saved) the steps its coalitions
-        name."""
-        if self.candidates:
-            return self.candidates
-        earlier = {
+        steps its first run chose (saved in job.json; from an older job.json, the steps its
+        written coalitions name), so the rows already written stay usable, and adds the next
+        steps by flip-rate if its budget now allows more: v(S) does not depend on which
+        other steps are candidates."""
+        kept = set(self.candidates) or {
             int(k)
             for (stage, key) in self.rows_by_arm
             if stage == "shapley"
             for k in key.split(",")
             if k
         }
-        if earlier:
-            return sorted(earlier)
         left = self._quota(1.0)
         size = 2
         while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
             size += 1
-        return sorted(sorted(rates, key=lambda k: (-rates[k], k))[:size])
+        for k in sorted(rates, key=lambda k: (-rates[k], k)):
+            if len(kept) >= size:
+                break
+            kept.add(k)
+        return sorted(kept)
 
     # -- aggregate ----------------------------------------------------------------------------
 
