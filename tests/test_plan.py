@@ -17,7 +17,11 @@ from car_ray.tape import Tape
 from .conftest import SUPPORT_JOB
 
 
-def _scheduler(tape: Tape, entries: list[InterventionEntry] | None = None) -> Scheduler:
+def _scheduler(
+    tape: Tape,
+    entries: list[InterventionEntry] | None = None,
+    candidates: list[int] | None = None,
+) -> Scheduler:
     job = load_job(SUPPORT_JOB)
     if entries is not None:
         job = Job(job.path, job.spec.model_copy(update={"interventions": entries}))
@@ -29,6 +33,7 @@ def _scheduler(tape: Tape, entries: list[InterventionEntry] | None = None) -> Sc
         sink=None,
         budget=Budget(max_forks=10),
         prices=PriceTable(),
+        candidates=candidates,
     )
 
 
@@ -91,22 +96,12 @@ def test_a_resumed_job_keeps_the_shapley_candidates_its_first_run_chose(
     # max_forks 10 leaves room for 2^2 coalitions of MIN_FORKS_PER_COALITION: the top two.
     assert fresh._shapley_candidates(rates) == [2, 4]
 
-    def resumed(saved: list[int]) -> Scheduler:
-        return Scheduler(
-            load_job(SUPPORT_JOB),
-            support_tape,
-            job_id="t",
-            executor=None,
-            sink=None,
-            budget=Budget(max_forks=10),
-            prices=PriceTable(),
-            candidates=saved,
-        )
-
     # Kept even though no coalition holding step 6 or 0 was written before the driver died.
-    assert resumed([6, 0])._shapley_candidates(rates) == [0, 6]
+    kept = _scheduler(support_tape, candidates=[6, 0])
+    assert kept._shapley_candidates(rates) == [0, 6]
     # A budget with room for more adds the next steps by flip-rate to the kept ones.
-    assert resumed([6])._shapley_candidates(rates) == [4, 6]
+    grown = _scheduler(support_tape, candidates=[6])
+    assert grown._shapley_candidates(rates) == [4, 6]
 
 
 def test_a_job_with_no_caps_runs_and_says_it_runs_under_the_default_fork_cap() -> None:
