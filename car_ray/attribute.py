@@ -56,7 +56,7 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
     if job.spec.policy is None:
         raise ValueError(f"{job.path}: set 'policy' (simulated provider) or [provider] base_url")
     with SimProcess(
-        job.spec.policy, latency_s=settings.sim_latency_ms / 1000, search_path=job.search_path
+        job.spec.policy, latency_s=settings.sim_latency_ms / 1000, search_path=job.code_path()
     ) as sim:
         yield BaseUrls.for_server(sim.url)
 
@@ -185,7 +185,7 @@ def attribute(
             WorkerConfig(
                 agent_ref=job.spec.agent,
                 scorer_ref=job.spec.scorer,
-                search_path=tuple(str(p) for p in job.search_path),
+                search_path=tuple(str(p) for p in job.code_path()),
                 base_urls=urls.as_dict(),
                 pricing=settings.pricing,
                 requests_per_minute=settings.requests_per_minute,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,28 @@ class Job:
         """Every tape the job attributes, relative to the job file."""
         names = ([self.spec.tape] if self.spec.tape else []) + self.spec.tapes
         return [self.folder / name for name in names]
+
+    def code_path(self) -> tuple[Path, ...]:
+        """The job's search path and the folders its agent, scorer and policy were imported
+        from (wherever this process found them, e.g. through PYTHONPATH): what a process
+        that runs the job's code needs on sys.path. Workers of a Ray cluster the driver
+        joins do not share the driver's environment; on other machines these folders must
+        exist at the same paths."""
+        roots = list(self.search_path)
+        for key in ("agent", "scorer", "policy"):
+            ref = getattr(self.spec, key)
+            if not ref:
+                continue
+            self.load(key)
+            top = sys.modules.get(ref.partition(":")[0].split(".")[0])
+            file = getattr(top, "__file__", None)
+            if file is None:  # a namespace package, or built in: nothing to point at
+                continue
+            where = Path(file).resolve()
+            root = where.parent.parent if where.name == "__init__.py" else where.parent
+            if root not in roots:
+                roots.append(root)
+        return tuple(roots)
 
     def load(self, key: str) -> Any:
         ref = getattr(self.spec, key)

@@ -77,3 +77,17 @@ def ray_local() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def demo_tape_path(support_tape: Tape) -> Path:
     return support_tape.path
+
+
+def support_job_file(folder: Path, tape: Path, **settings: str) -> Path:
+    """The demo's job.toml in `folder`, on `tape` (a fresh clone has no recorded tape), with
+    `key = value` lines of the job file replaced: settings={"max_forks": "900"}."""
+    text = SUPPORT_JOB.read_text().replace('tape = "support_refund.tape"', f'tape = "{tape}"')
+    for key, value in settings.items():
+        lines = [line for line in text.splitlines() if line.startswith(f"{key} = ")]
+        assert len(lines) == 1, f"{SUPPORT_JOB} has no single '{key} = ' line"
+        text = text.replace(lines[0], f"{key} = {value}")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "job.toml"
+    path.write_text(text)
+    return path

@@ -23,7 +23,7 @@ from car_ray.results import read_job_json, write_job_json
 from car_ray.schedule import job_id_of
 from car_ray.tape import Tape
 
-from .conftest import ROOT, SUPPORT_JOB
+from .conftest import ROOT, SUPPORT_JOB, support_job_file
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -152,13 +152,9 @@ def test_a_worker_killed_mid_job_costs_time_only(tmp_path: Path, support_tape: T
 def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
     tmp_path: Path, demo_tape_path: Path
 ) -> None:
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    text = SUPPORT_JOB.read_text()
-    text = text.replace('tape = "support_refund.tape"', f'tape = "{demo_tape_path}"')
-    text = text.replace("sim_latency_ms = 0", "sim_latency_ms = 30")
-    text = text.replace("max_forks = 3000", "max_forks = 900")
-    (job_dir / "job.toml").write_text(text)
+    job_file = support_job_file(
+        tmp_path / "job", demo_tape_path, sim_latency_ms="30", max_forks="900"
+    )
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "160"}
     command = [
@@ -166,7 +162,7 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
         "-m",
         "car_ray.cli",
         "attribute",
-        str(job_dir / "job.toml"),
+        str(job_file),
         "--out",
         str(out),
     ]

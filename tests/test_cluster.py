@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, SUPPORT_JOB
+from .conftest import ROOT, support_job_file
 
 RAY = Path(sys.executable).parent / "ray"
 
@@ -87,14 +87,15 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, in
                     noted.unlink()
 
 
-def _attribute(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _attribute(tmp_path: Path, tape: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "160"}
     # The driver must find the cluster from --address alone.
     env.pop("RAY_ADDRESS", None)
     env.pop("RAY_AUTH_MODE", None)
-    command = [sys.executable, "-m", "car_ray.cli", "attribute", str(SUPPORT_JOB)]
+    job_file = support_job_file(tmp_path / "job", tape)
+    command = [sys.executable, "-m", "car_ray.cli", "attribute", str(job_file)]
     return subprocess.run(
-        [*command, "--out", str(tmp_path), *extra],
+        [*command, "--out", str(tmp_path / "out"), *extra],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -105,12 +106,12 @@ def _attribute(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_job_runs_on_the_cluster_it_is_pointed_at(
-    tmp_path: Path, ray_head: tuple[str, int]
+    tmp_path: Path, ray_head: tuple[str, int], demo_tape_path: Path
 ) -> None:
     address, port = ray_head
-    result = _attribute(tmp_path, "--address", address, "--max-forks", "60")
+    result = _attribute(tmp_path, demo_tape_path, "--address", address, "--max-forks", "60")
     assert result.returncode == 0, result.stderr[-3000:]
-    (job_json,) = tmp_path.glob("*/job.json")
+    (job_json,) = tmp_path.glob("out/*/job.json")
     info = json.loads(job_json.read_text())
     # The driver joined the head's GCS rather than starting a Ray of its own.
     assert info["ray"]["how"] == "joined"
@@ -121,16 +122,20 @@ def test_a_job_runs_on_the_cluster_it_is_pointed_at(
     assert "60 forks run" in result.stdout
 
 
-def test_an_address_nobody_answers_on_is_a_clear_error_at_once(tmp_path: Path) -> None:
-    garbled = _attribute(tmp_path, "--address", "127.0.0.1", "--max-forks", "10")
+def test_an_address_nobody_answers_on_is_a_clear_error_at_once(
+    tmp_path: Path, demo_tape_path: Path
+) -> None:
+    garbled = _attribute(tmp_path, demo_tape_path, "--address", "127.0.0.1", "--max-forks", "1")
     assert garbled.returncode == 2
     assert "--address '127.0.0.1' is not host:port" in garbled.stderr
     port = _free_port()
     began = time.monotonic()
-    result = _attribute(tmp_path, "--address", f"127.0.0.1:{port}", "--max-forks", "10")
+    result = _attribute(
+        tmp_path, demo_tape_path, "--address", f"127.0.0.1:{port}", "--max-forks", "1"
+    )
     assert result.returncode == 2  # the CLI's exit code for bad input
     assert f"could not join the Ray cluster at 127.0.0.1:{port}" in result.stderr
     assert f"ray start --head --port {port}" in result.stderr
     # Ray alone retries such an address for minutes.
     assert time.monotonic() - began < 60
-    assert not list(tmp_path.glob("*/forks/*.parquet"))
+    assert not list(tmp_path.glob("out/*/forks/*.parquet"))
