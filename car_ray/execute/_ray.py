@@ -256,6 +256,11 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> str:
                 "RAY_AUTH_TOKEN_PATH names, or in ~/.ray/auth_token"
             ) from None
         return "joined"
+    # Ray >= 2.59 turns token authentication on for the clusters it starts and says so at
+    # every start; car-ray keeps it on, and keeps the notice out of the user's table.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(
+        logging.ERROR
+    )
     # "local": always a new instance. Without it, ray.init() joins whatever cluster
     # RAY_ADDRESS or /tmp/ray/ray_current_cluster names (a `ray start` left running), and
     # then refuses num_cpus.
