@@ -13,7 +13,6 @@ any fork ended other than "ok", so a broken run cannot pass for a fast one.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
 import json
 import sys
@@ -42,6 +41,7 @@ from _common import (
 from rich.console import Console
 from rich.table import Table
 
+from car_ray._aio import run as run_loop
 from car_ray.job import Job, load_job
 from car_ray.replay import (
     AiohttpUpstream,
@@ -325,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = make_console()
     started = time.perf_counter()
     load_before = warn_if_loaded(console)
-    cells = asyncio.run(main_async(args, console))
+    cells = run_loop(main_async(args, console))
     console.print(table(cells, args.step))
     config = {
         "job": str(JOB_FILE.relative_to(ROOT)),

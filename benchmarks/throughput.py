@@ -11,17 +11,19 @@ simulated latency per model call, with 1, 8, 32, 128 and 512 forks in flight, th
   (c) sequential  one fork after another in this process (what the existing tools do); the
                   window does not apply, so it runs once per latency and repeat.
 
-Every cell is measured --repeats times (3), the schemes taking turns within a repeat; the
-table shows each cell's median and range, and a target holds when the median of its
-per-repeat ratios ((a) over (c) of the same repeat) does. Each cell streams forks: the
-window is filled, the first W completions (at least 2) are a warm-up, and the clock runs from
-there over the next N completions while the window stays full (N a whole number of windows,
-about 3 s of work, 1 s with --quick); forks still in flight then are drained ((b)) or dropped
-with their workers ((a)) off the clock. CPU per fork is
-the CPU of the processes that run forks: this process, plus for (a) the Ray workers, read as
-utime + stime from /proc/<pid>/stat (every thread of the process). Ray's own daemons (raylet,
-GCS, ...) and the simulated provider are shown apart, as is the CPU that other processes on
-the machine used meanwhile (from /proc/stat): a busy machine depresses every figure.
+All three run on the same kind of event loop (uvloop where installed: Ray's workers pick
+it up by themselves, (b) and (c) through car_ray._aio). Every cell is measured --repeats
+times (3), the schemes taking turns within a repeat; the table shows each cell's median and
+range, and a target holds when the median of its per-repeat ratios ((a) over (c) of the same
+repeat) does. Each cell streams forks: the window is filled, the first W completions (at
+least 2) are a warm-up, and the clock runs from there over the next N completions while the
+window stays full (N a whole number of windows, about 3 s of work, 1 s with --quick); forks
+still in flight then are drained ((b)) or dropped with their workers ((a)) off the clock. CPU
+per fork is the CPU of the processes that run forks: this process, plus for (a) the Ray
+workers, read as utime + stime from /proc/<pid>/stat (every thread of the process). Ray's own
+daemons (raylet, GCS, ...) and the simulated provider are shown apart, as is the CPU that
+other processes on the machine used meanwhile (from /proc/stat): a busy machine depresses
+every figure.
 
     .venv/bin/python benchmarks/throughput.py [--quick] [--out benchmarks/results]
 
@@ -77,6 +79,7 @@ from _common import (
 from rich.console import Console
 from rich.table import Table
 
+from car_ray._aio import run as run_loop
 from car_ray.execute import BatchLost, Item, RayExecutor, WorkerConfig, init_ray
 from car_ray.job import Job, load_job
 from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, ForkSpec
@@ -1012,7 +1015,7 @@ def bench(args: argparse.Namespace, console: Console) -> list[Cell]:
                 # One tape for the whole run: a fork's live calls go to the current provider,
                 # whatever address the tape was recorded against.
                 if recorded is None:
-                    recorded = asyncio.run(record_once(job, sim, Path(scratch)))
+                    recorded = run_loop(record_once(job, sim, Path(scratch)))
                 tape, raw = recorded
                 run = Run(
                     job=job,
@@ -1026,9 +1029,7 @@ def bench(args: argparse.Namespace, console: Console) -> list[Cell]:
                     settle_s=args.settle_s,
                     console=console,
                 )
-                cells += asyncio.run(
-                    bench_latency(run, args.windows, schemes, settings, args.repeats)
-                )
+                cells += run_loop(bench_latency(run, args.windows, schemes, settings, args.repeats))
     return cells
 
 
@@ -1067,7 +1068,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "total_s": round(time.perf_counter() - started, 2),
         "load_average_1m_before": round(load_before, 2),
     }
-    facts = machine(("ray", "pyarrow", "aiohttp", "openai"))
+    facts = machine(("ray", "pyarrow", "aiohttp", "openai", "uvloop"))
     parquet_path, csv_path = write_results(args.out, cells, config, facts)
     console.print(f"wrote {parquet_path} and {csv_path} in {config['total_s']} s")
     broken = [c for c in cells if c.not_ok or c.tail_calls == 0]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -16,6 +15,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.table import Table
 
+from ._aio import run as run_loop
 from .job import Job, JobFileError, load_job
 from .replay import (
     INTERVENTION_KINDS,
@@ -62,7 +62,7 @@ def _tape(path: Path) -> Tape:
 
 
 def _run(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(make())
+    return run_loop(make())
 
 
 @contextmanager
