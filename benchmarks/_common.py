@@ -203,3 +203,14 @@ def warn_if_loaded(console: Console) -> float:
             "other processes will depress these figures"
         )
     return load_before
+
+
+def not_all_ok(console: Console, broken: Sequence[str]) -> bool:
+    """Say which cells had forks that did not end "ok" (each named with its statuses);
+    True if any did: their figures do not measure working forks."""
+    if broken:
+        console.print(
+            "[bold red]not every fork was ok: these figures do not measure working forks: "
+            + ", ".join(broken)
+        )
+    return bool(broken)

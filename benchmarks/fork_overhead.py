@@ -34,6 +34,7 @@ from _common import (
     fork_specs,
     machine,
     make_console,
+    not_all_ok,
     record_demo_tape,
     run_window,
     warn_if_loaded,
@@ -341,7 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     json_path, csv_path = write_results(args.out, cells, config)
     console.print(f"wrote {json_path} and {csv_path} in {config['total_s']} s")
-    broken = [c for c in cells if c.not_ok or c.tail_calls == 0]
+    broken = [
+        f"{c.upstream}/{c.latency_ms:g}ms/W{c.in_flight} {c.statuses}"
+        for c in cells
+        if c.not_ok or c.tail_calls == 0
+    ]
     mismatched = [c for c in cells if c.server_requests != c.tail_calls]
     if mismatched:
         console.print(
@@ -353,15 +358,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for c in mismatched
             )
         )
-    if broken:
-        console.print(
-            "[bold red]not every fork was ok: these figures do not measure working forks: "
-            + ", ".join(
-                f"{c.upstream}/{c.latency_ms:g}ms/W{c.in_flight} {c.statuses}" for c in broken
-            )
-        )
-        return 1
-    return 0
+    return 1 if not_all_ok(console, broken) else 0
 
 
 if __name__ == "__main__":

@@ -69,6 +69,7 @@ from _common import (
     machine,
     machine_busy_cpu_s,
     make_console,
+    not_all_ok,
     process_cpu_s,
     record_demo_tape,
     sim_pid,
@@ -1071,16 +1072,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     facts = machine(("ray", "pyarrow", "aiohttp", "openai", "uvloop"))
     parquet_path, csv_path = write_results(args.out, cells, config, facts)
     console.print(f"wrote {parquet_path} and {csv_path} in {config['total_s']} s")
-    broken = [c for c in cells if c.not_ok or c.tail_calls == 0]
-    if broken:
-        console.print(
-            "[bold red]not every fork was ok: these figures do not measure working forks: "
-            + ", ".join(
-                f"{LABELS[c.scheme]}/{c.latency_ms:g}ms/W{c.in_flight} {c.statuses}" for c in broken
-            )
-        )
-        return 1
-    return 0
+    broken = [
+        f"{LABELS[c.scheme]}/{c.latency_ms:g}ms/W{c.in_flight} {c.statuses}"
+        for c in cells
+        if c.not_ok or c.tail_calls == 0
+    ]
+    return 1 if not_all_ok(console, broken) else 0
 
 
 if __name__ == "__main__":
