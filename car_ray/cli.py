@@ -13,6 +13,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ._aio import run as run_loop
@@ -397,6 +398,49 @@ def demo_cmd(
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
     _print_outcome(folder, outcome)
+
+
+@app.command("truth")
+def truth_cmd(
+    job_file: Annotated[Path, typer.Argument(help="the scenario's job file (it needs 'policy')")],
+    as_json: Annotated[bool, typer.Option("--json", help="print the values as JSON")] = False,
+) -> None:
+    """The scenario's exact values by enumerating its branches: Shapley blame, necessity,
+    sufficiency and each arm's flip probability (records the tape first if missing)."""
+    from ._scenario import ensure_tape
+    from .truth import BranchingTooLarge, solve
+
+    job = _job(job_file)
+    try:
+        tape = ensure_tape(job, on_record=err.print)
+        truth = _run(lambda: solve(job, tape))
+    except (BranchingTooLarge, JobFileError, TapeError) as exc:
+        raise _fail(str(exc)) from None
+    if as_json:
+        print(truth.model_dump_json(indent=2))
+        return
+    table = Table(title=f"exact values ({truth.runs} enumerated runs)", title_justify="left")
+    for column in ("step", "kind", "what happened", "φ", "necessity", "sufficiency", "live flip"):
+        table.add_column(column, justify="left" if column == "what happened" else "right")
+    for s in truth.steps:
+        table.add_row(
+            str(s.step),
+            s.kind,
+            escape(s.label),
+            f"{s.phi:+.4f}" if s.player else "0 (no choice)",
+            f"{s.necessity:.4f}",
+            f"{s.sufficiency:.4f}",
+            "—" if s.live_flip is None else f"{s.live_flip:.4f}",
+        )
+    console.print(table)
+    for arm in truth.arms:
+        if arm.kind != "resample":
+            console.print(f"{arm.kind} at step {arm.step}: flip {arm.flip:.4f} ({arm.tail} tail)")
+    top = ", ".join(map(str, truth.top)) or "none (nothing to blame)"
+    console.print(
+        f"recorded outcome {truth.recorded_outcome:.2f}; base rate (everything re-drawn) "
+        f"{truth.base_rate:.4f}; players {truth.players}; top cause: step {top}"
+    )
 
 
 def main() -> None:

@@ -36,6 +36,8 @@ from ._run import (
     Tail,
     ToolFailed,
     call_bound,
+    first_deviation,
+    fresh_seed,
     recorded_trajectory,
     step_seed,
 )
@@ -75,6 +77,8 @@ __all__ = [
     "ToolFailed",
     "Upstream",
     "call_bound",
+    "first_deviation",
+    "fresh_seed",
     "is_bad",
     "json_diff",
     "record",

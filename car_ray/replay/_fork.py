@@ -30,6 +30,7 @@ from ._run import (
     Run,
     SpendLimit,
     Tail,
+    first_deviation,
     recorded_trajectory,
 )
 from ._upstream import AiohttpUpstream, Upstream
@@ -87,6 +88,10 @@ class ForkRow(BaseModel):
     divergence: str | None = None
     blocked_effect: str | None = None
     error: str | None = None
+    # The first step where the fork did something other than the tape (None: it reproduced
+    # the tape), and how many of its calls drew fresh randomness.
+    first_deviation: int | None = None
+    fresh_draws: int = 0
 
 
 @dataclass
@@ -189,6 +194,9 @@ async def record(
     overwrite: bool = False,
 ) -> tuple[Tape, RunResult]:
     """Run the agent live and write its tape, event by event; returns the sealed tape."""
+    # The seed is always written: a fork re-answers a held step whose request changed with
+    # the recorded draw's randomness, which it derives from this seed.
+    seed = seed if seed is not None else time.time_ns() % (1 << 62)
     header = TapeHeader(
         agent=agent_ref,
         input=input,
@@ -210,7 +218,7 @@ async def record(
         loop=asyncio.get_running_loop(),
         upstream=engine.upstream,
         writer=writer,
-        seed=seed if seed is not None else time.time_ns(),
+        seed=seed,
         base_urls=base_urls.as_dict(),
     )
     try:
@@ -423,6 +431,8 @@ class ForkRunner:
             divergence=run.divergence.summary() if run.divergence else None,
             blocked_effect=run.blocked,
             error=error,
+            first_deviation=first_deviation(run.trajectory, tape),
+            fresh_draws=run.fresh_draws,
         )
         return row, run.trajectory
 

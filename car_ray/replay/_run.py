@@ -53,8 +53,8 @@ TAPE_REQUEST_HEADERS = frozenset({"content-type", "accept", "anthropic-version",
 TAPE_RESPONSE_HEADERS = frozenset({"content-type", "request-id", "x-request-id"})
 NEVER = 1 << 62
 
-Tail = Literal["live", "pinned"]
-Source = Literal["recorded", "replay", "live", "forced", "pinned", "blocked"]
+Tail = Literal["live", "pinned", "held"]
+Source = Literal["recorded", "replay", "live", "forced", "pinned", "held", "rederived", "blocked"]
 
 
 class EffectBlocked(BaseException):
@@ -80,9 +80,17 @@ class InterventionError(ValueError):
 
 
 def step_seed(seed: int, step: int) -> int:
-    """The seed of one live draw: fixed by the fork's seed and the step, so the same step
-    draws the same way across forks (common random numbers)."""
+    """The seed of one recorded draw: fixed by the recording's seed and the step. A held
+    step whose request changed is answered again with this seed (the recorded draw's
+    randomness, where the provider honours seeds)."""
     return int(hashlib.sha256(f"{seed}:{step}".encode()).hexdigest()[:15], 16)
+
+
+def fresh_seed(seed: int, step: int) -> int:
+    """The seed of one fresh draw in a fork: fixed by the fork's seed and the step (so a
+    rerun of the same task draws the same way), and never a recording's seed for that step
+    (a separate hash domain)."""
+    return int(hashlib.sha256(f"fork/{seed}:{step}".encode()).hexdigest()[:15], 16)
 
 
 @dataclass(frozen=True)
@@ -173,6 +181,30 @@ def recorded_trajectory(tape: Tape) -> list[dict[str, Any]]:
     return out
 
 
+def first_deviation(trajectory: list[dict[str, Any]], tape: Tape) -> int | None:
+    """The first step at which a run did something other than the tape (another action,
+    another tool call or result, a step the tape does not have, or stopping early); None
+    when it reproduced the tape step for step."""
+    steps = tape.steps
+    found: list[int] = [len(trajectory)] if len(trajectory) < len(steps) else []
+    for entry in trajectory:
+        k = int(entry["step"])
+        recorded = steps[k] if k < len(steps) else None
+        if recorded is None or recorded.type != entry["kind"]:
+            found.append(k)
+        elif isinstance(recorded, LlmEvent):
+            if entry.get("action") != recorded.action:
+                found.append(k)
+        elif (
+            entry["name"] != recorded.name
+            or entry["arguments"] != recorded.arguments
+            or entry["result"] != recorded.result
+            or entry["error"] != (recorded.error.model_dump() if recorded.error else None)
+        ):
+            found.append(k)
+    return min(found, default=None)
+
+
 def _llm_fields(event: LlmEvent) -> dict[str, Any]:
     return {
         "provider": event.provider,
@@ -236,6 +268,10 @@ class Run:
         self.base_urls = base_urls or {}
         self.prices = prices or PriceTable()
         self.recorded_steps = tape.steps if tape is not None else []
+        # The recording's seed: a held step whose request changed is answered again with the
+        # recorded draw's randomness (None: unknown, so such a step draws fresh).
+        self.recorded_seed = tape.header.seed if tape is not None else None
+        self.fresh_draws = 0
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self.spend = Spend()
@@ -363,6 +399,20 @@ class Run:
             and recorded.request.path == path
         ):
             return self._serve(k, recorded, "pinned")
+        if self.plan.tail == "held" and self.swap is None:
+            # The rest of the run keeps its mechanism: the recorded answer while the request
+            # is the recorded one, else an answer drawn with the recorded draw's randomness.
+            observed = body if body is not None else request.body.decode("utf-8", "replace")
+            if (
+                isinstance(recorded, LlmEvent)
+                and recorded.request.path == path
+                and digest_of(observed) == recorded.request.sha256
+            ):
+                return self._serve(k, recorded, "held")
+            if self.recorded_seed is not None:
+                return await self._live(
+                    k, request, body, draw_seed=step_seed(self.recorded_seed, k)
+                )
         return await self._live(k, request, body)
 
     def _check_limit(self, k: int, body: Any) -> None:
@@ -427,8 +477,16 @@ class Run:
         return WireResponse(200, (("content-type", content_type),), data)
 
     async def _live(
-        self, k: int, request: WireRequest, body: Any, *, record: bool = False
+        self,
+        k: int,
+        request: WireRequest,
+        body: Any,
+        *,
+        record: bool = False,
+        draw_seed: int | None = None,
     ) -> WireResponse:
+        """One call to the provider. Recording draws with the recording's seed; a fork draws
+        fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's."""
         if self.upstream is None:
             # A replay has no network path: an unrecorded request is an error, never a call.
             self._diverge(k, "the run needs a live call but has no live provider (replay only)")
@@ -443,9 +501,16 @@ class Run:
                 if base and url.startswith(base):
                     url = self.swap.base_url.rstrip("/") + url[len(base.rstrip("/")) :]
             request = WireRequest(request.method, url, request.headers, canonical_bytes(body))
+        if record:
+            seed = step_seed(self.seed, k)
+        elif draw_seed is not None:
+            seed = draw_seed
+        else:
+            seed = fresh_seed(self.seed, k)
+            self.fresh_draws += 1
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
-            (SEED_HEADER, str(step_seed(self.seed, k))),
+            (SEED_HEADER, str(seed)),
         )
         if (
             self.limit is not None
@@ -475,7 +540,9 @@ class Run:
             "status": response.status,
             "action": action.to_json() if action else None,
         }
-        self.trajectory.append(llm_entry(k, fields, "live"))
+        self.trajectory.append(
+            llm_entry(k, fields, "rederived" if draw_seed is not None else "live")
+        )
         self.spend.retries += response.retries
         if not record:
             self.spend.tail_calls += 1
@@ -616,6 +683,14 @@ class Run:
                 return self._live_tool(k, name, arguments, effect)
         if self.plan.tail == "pinned" and isinstance(recorded, ToolEvent) and recorded.name == name:
             return recorded, "pinned"
+        if (
+            self.plan.tail == "held"
+            and isinstance(recorded, ToolEvent)
+            and recorded.name == name
+            and digest_of(recorded.arguments) == digest_of(arguments)
+        ):
+            # A tool is a function of its arguments: the same call gets the recorded result.
+            return recorded, "held"
         return self._live_tool(k, name, arguments, effect)
 
     def _live_tool(

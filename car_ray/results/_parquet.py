@@ -50,6 +50,8 @@ FORK_SCHEMA = pa.schema(
         pa.field("divergence", pa.string()),
         pa.field("blocked_effect", pa.string()),
         pa.field("error", pa.string()),
+        pa.field("first_deviation", pa.int32()),
+        pa.field("fresh_draws", pa.int64(), nullable=False),
         # Where and how the job ran it.
         pa.field("job_id", pa.string(), nullable=False),
         pa.field("stage", pa.string(), nullable=False),

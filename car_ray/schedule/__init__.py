@@ -25,7 +25,15 @@ from ._estimators import (
     shapley_planner,
     wilson,
 )
-from ._plan import Arm, JobOutcome, Progress, Scheduler, effective_budget, job_id_of
+from ._plan import (
+    Arm,
+    JobOutcome,
+    Progress,
+    Scheduler,
+    effective_budget,
+    job_arms,
+    job_id_of,
+)
 
 __all__ = [
     "Arm",
@@ -49,6 +57,7 @@ __all__ = [
     "confidence_sequences",
     "effective_budget",
     "exact_shapley",
+    "job_arms",
     "job_id_of",
     "shapley_coefficients",
     "shapley_planner",

@@ -85,6 +85,39 @@ class JobOutcome:
     progress: Progress
 
 
+def job_arms(job: Job, tape: Tape) -> list[Arm]:
+    """The arms a job measures on a tape: each `[[interventions]]` entry at each of its steps
+    (every step for a resample without steps), checked against the step's kind."""
+    steps = tape.steps
+    arms: list[Arm] = []
+    for entry in job.spec.interventions:
+        for k in entry.steps if entry.steps is not None else range(len(steps)):
+            if k >= len(steps):
+                raise ValueError(
+                    f"{job.path}: interventions: step {k} does not exist "
+                    f"(the tape has steps 0..{len(steps) - 1})"
+                )
+            event = steps[k]
+            if entry.kind == "observation" and not isinstance(event, ToolEvent):
+                raise ValueError(
+                    f"{job.path}: interventions: 'observation' at step {k}, which is "
+                    "a model call; observation replaces a tool step's result"
+                )
+            if entry.kind in ("action", "context") and not isinstance(event, LlmEvent):
+                raise ValueError(
+                    f"{job.path}: interventions: '{entry.kind}' at step {k}, which is "
+                    f"tool {event.name!r}; it needs a model-call step"
+                )
+            arm = Arm(entry.kind, k, entry.intervention())
+            if any(a.key == arm.key for a in arms):
+                raise ValueError(
+                    f"{job.path}: interventions: '{entry.kind}' at step {k} is given "
+                    "twice; give each kind one value a step"
+                )
+            arms.append(arm)
+    return arms
+
+
 def effective_budget(budget: Budget) -> Budget:
     """The caps a job runs under: a job that sets none gets DEFAULT_MAX_FORKS (a job never
     runs unbounded)."""
@@ -150,7 +183,7 @@ class Scheduler:
         self.rows_by_arm: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         self.rows_by_task: dict[str, dict[str, Any]] = {}
         self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
-        self.arms = self._arms()
+        self.arms = job_arms(job, tape)
         self.shapley: ShapleyPlanner[int] | None = None
         self.races: dict[str, Race[str]] = {}
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
@@ -161,36 +194,6 @@ class Scheduler:
         self.progress.resumed = len(already or [])
 
     # -- arms and specs --------------------------------------------------------------------
-
-    def _arms(self) -> list[Arm]:
-        arms: list[Arm] = []
-        for entry in self.spec.interventions:
-            steps = entry.steps if entry.steps is not None else range(len(self.steps))
-            for k in steps:
-                if k >= len(self.steps):
-                    raise ValueError(
-                        f"{self.job.path}: interventions: step {k} does not exist "
-                        f"(the tape has steps 0..{len(self.steps) - 1})"
-                    )
-                event = self.steps[k]
-                if entry.kind == "observation" and not isinstance(event, ToolEvent):
-                    raise ValueError(
-                        f"{self.job.path}: interventions: 'observation' at step {k}, which is "
-                        "a model call; observation replaces a tool step's result"
-                    )
-                if entry.kind in ("action", "context") and not isinstance(event, LlmEvent):
-                    raise ValueError(
-                        f"{self.job.path}: interventions: '{entry.kind}' at step {k}, which is "
-                        f"tool {event.name!r}; it needs a model-call step"
-                    )
-                arm = Arm(entry.kind, k, entry.intervention())
-                if any(a.key == arm.key for a in arms):
-                    raise ValueError(
-                        f"{self.job.path}: interventions: '{entry.kind}' at step {k} is given "
-                        "twice; give each kind one value a step"
-                    )
-                arms.append(arm)
-        return arms
 
     def _spec(
         self,

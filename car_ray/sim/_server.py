@@ -12,6 +12,7 @@ from typing import Any
 
 from car_ray.providers import (
     SEED_HEADER,
+    Action,
     ChatRequest,
     Codec,
     ProviderFormatError,
@@ -21,6 +22,7 @@ from car_ray.providers import (
 )
 
 from ._policy import (
+    Distribution,
     PolicyError,
     ScenarioPolicy,
     distribution_of,
@@ -171,11 +173,10 @@ class SimApp:
 
         try:
             distribution = distribution_of(self.policy, request)
-            u = uniform_for_seed(seed) if seed is not None else self._action_rng.random()
-            action = draw(distribution, u)
+            action = self.choose(distribution, seed)
             usage = estimate_usage(request, action)
             rendered = codec.render_response(
-                request, action, usage, self._response_id(provider, seed, body)
+                request, action, usage, self._response_id(provider, seed, body, action)
             )
         except PolicyError as exc:
             self.errors += 1
@@ -189,13 +190,33 @@ class SimApp:
         content_type = "text/event-stream" if request.stream else "application/json"
         return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
 
-    def _response_id(self, provider: ProviderName, seed: int | None, body: bytes) -> str:
-        """Seeded: a hash of seed and body, so a rerun reproduces it; unseeded: the server RNG."""
+    def choose(self, distribution: Distribution, seed: int | None) -> Action:
+        """The action answered: the one at the seed's uniform on the CDF (the server RNG's
+        without a seed). The exact solver overrides this to enumerate branches instead."""
+        u = uniform_for_seed(seed) if seed is not None else self._action_rng.random()
+        return draw(distribution, u)
+
+    async def answer(
+        self, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One POST to a chat endpoint, in process (no HTTP): (status, headers, body)."""
+        codec = codec_for_path(path)
+        if codec is None:
+            return 404, [], error_body(None, 404, f"car-ray sim has no route POST {path}")
+        return await self._chat(codec, headers, body)
+
+    def _response_id(
+        self, provider: ProviderName, seed: int | None, body: bytes, action: Action
+    ) -> str:
+        """Seeded: a hash of the request and the action drawn, so a fresh draw that lands on
+        the recorded action answers byte for byte as the recording did (and the rest of a
+        held fork is served from the tape); unseeded: the server RNG."""
         if seed is None:
             suffix = f"{self._action_rng.getrandbits(96):024x}"
         else:
             body_digest = hashlib.sha256(body).hexdigest()
-            suffix = hashlib.sha256(f"{seed}:{body_digest}".encode()).hexdigest()[:24]
+            drawn = json.dumps(action.to_json(), sort_keys=True)
+            suffix = hashlib.sha256(f"{body_digest}:{drawn}".encode()).hexdigest()[:24]
         return _ID_PREFIX[provider] + suffix
 
 

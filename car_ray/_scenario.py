@@ -1,0 +1,41 @@
+"""Scenario jobs (a simulated policy beside the agent): their tapes, recorded on first use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ._aio import run as run_loop
+from .job import Job, JobFileError
+from .replay import BaseUrls, record
+from .tape import Tape, load_tape
+
+
+def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tape:
+    """The job's tape, recorded first against the simulated provider (the job's policy and
+    seed) when the file does not exist yet."""
+    path = job.tape_path
+    if path is None:
+        raise JobFileError(f"{job.path}: key 'tape' is not set (where the recorded run lives)")
+    if not path.exists():
+        if job.spec.policy is None:
+            raise JobFileError(
+                f"{job.path}: the tape {path} does not exist and the job has no 'policy' to "
+                "record it against: record it with `car-ray record`"
+            )
+        if on_record is not None:
+            on_record(f"recording {job.spec.agent} → {path}")
+        from .sim import SimServer
+
+        async def go() -> None:
+            with SimServer(job.load("policy")) as sim:
+                await record(
+                    job.load("agent"),
+                    job.spec.agent,
+                    job.spec.input,
+                    path,
+                    base_urls=BaseUrls.for_server(sim.url),
+                    seed=job.spec.seed,
+                )
+
+        run_loop(go())
+    return load_tape(path)

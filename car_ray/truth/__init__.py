@@ -1,0 +1,8 @@
+"""Ground truth: a scenario's exact flip-rates, coalition values, Shapley values, necessity and
+sufficiency, by enumerating the simulated policy's branches through the fork machinery."""
+
+from __future__ import annotations
+
+from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, solve
+
+__all__ = ["ArmTruth", "BranchingTooLarge", "Solver", "StepTruth", "Truth", "solve"]

@@ -1,0 +1,345 @@
+"""Exact values of a scenario by enumerating branches through the fork machinery.
+
+Every fork runs through the same `ForkRunner`, `Run` and interventions as the engine's; only
+the simulated provider's draw is replaced: where a fork draws fresh (a resampled step, a live
+tail, a swapped model), the solver answers with each action of the policy's distribution in
+turn, weighted by its probability; where a held step is re-answered with the recorded draw's
+randomness, it answers exactly as the simulated provider would. So the semantics of `held`,
+`pinned`, `live` and every intervention cannot drift between the engine and its ground truth.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict
+
+from ..job import Job
+from ..providers import Action
+from ..replay import (
+    BaseUrls,
+    ForkRow,
+    ForkRunner,
+    ForkSpec,
+    Intervention,
+    Resample,
+    Tail,
+    Upstream,
+    fresh_seed,
+    is_bad,
+    step_seed,
+)
+from ..replay._upstream import WireRequest, WireResponse
+from ..schedule import Arm, exact_shapley, job_arms
+from ..sim import Distribution, ScenarioPolicy, SimApp
+from ..tape import LlmEvent, Tape
+
+MAX_PLAYERS = 12
+MAX_RUNS = 200_000
+_SEED = 0  # the solver's forks all use fork seed 0: fresh draws are told apart by step
+
+
+class BranchingTooLarge(ValueError):
+    """The scenario's tree is too large to enumerate: says where and what to do."""
+
+
+@dataclass
+class _Draw:
+    step: int | None
+    options: tuple[tuple[float, Action], ...]
+    chosen: int
+
+
+class _EnumeratingApp(SimApp):
+    """The simulated provider with its fresh draws scripted: the i-th fresh draw of a run
+    takes option `script[i]` (0 past the script), and every draw is traced."""
+
+    def __init__(self, policy: ScenarioPolicy, recorded_seed: int | None, steps: int) -> None:
+        super().__init__(policy)
+        span = range(steps + 64)
+        self._held = {step_seed(recorded_seed, k) for k in span} if recorded_seed else set()
+        self._fresh_step = {fresh_seed(_SEED, k): k for k in span}
+        self.script: list[int] = []
+        self.trace: list[_Draw] = []
+
+    def begin(self, script: list[int]) -> None:
+        self.script, self.trace = list(script), []
+
+    def choose(self, distribution: Distribution, seed: int | None) -> Action:
+        if seed is not None and seed in self._held:
+            return super().choose(distribution, seed)
+        options = tuple((p, a) for p, a in distribution if p > 0)
+        i = len(self.trace)
+        chosen = self.script[i] if i < len(self.script) else 0
+        step = self._fresh_step.get(seed) if seed is not None else None
+        self.trace.append(_Draw(step, options, chosen))
+        return options[chosen][1]
+
+
+class _AppUpstream:
+    """An `Upstream` that answers in process from a `SimApp` (no sockets)."""
+
+    def __init__(self, app: SimApp) -> None:
+        self.app = app
+
+    async def send(self, request: WireRequest) -> WireResponse:
+        headers = {k.lower(): v for k, v in request.headers}
+        status, extra, body = await self.app.answer(
+            urlsplit(request.url).path, headers, request.body
+        )
+        return WireResponse(status, tuple(extra), body)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class StepTruth(BaseModel):
+    """The exact values of one step. `phi` is the Shapley blame over the held game (positive:
+    the step pushed toward the bad outcome); `necessity` = P(the failure disappears |
+    re-draw this step alone, the rest held); `sufficiency` = P(the failure stays | hold this
+    step alone, re-draw the rest); `live_flip` = P(flip | re-draw this step and everything
+    after it). A step that never has a choice to make is not a player: its phi is 0."""
+
+    model_config = ConfigDict(frozen=True)
+
+    step: int
+    kind: str
+    label: str
+    player: bool
+    phi: float
+    necessity: float
+    sufficiency: float
+    live_flip: float | None
+
+
+class ArmTruth(BaseModel):
+    """The exact flip probability of one arm of the job (an intervention kind at a step),
+    with the tail the engine measures it under."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    step: int
+    tail: str
+    flip: float
+
+
+class Truth(BaseModel):
+    """A scenario's exact answer: what `validate` and `bench` score the engine against."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job: str
+    tape_id: str
+    recorded_outcome: float
+    base_rate: float
+    players: list[int]
+    top: list[int]
+    steps: list[StepTruth]
+    arms: list[ArmTruth]
+    coalitions: dict[str, float]
+    runs: int
+
+    def step(self, k: int) -> StepTruth:
+        return self.steps[k]
+
+    def arm(self, kind: str, step: int) -> ArmTruth | None:
+        return next((a for a in self.arms if a.kind == kind and a.step == step), None)
+
+    def coalition(self, steps: Sequence[int]) -> float:
+        """v(S) = P(bad | re-draw S, hold the rest), for S among the players."""
+        return self.coalitions[_key(steps)]
+
+
+def _key(steps: Sequence[int]) -> str:
+    return ",".join(map(str, sorted(steps)))
+
+
+class Solver:
+    """Enumerates a job's scenario on one tape. Use `async with` or call `aclose`."""
+
+    def __init__(
+        self,
+        job: Job,
+        tape: Tape,
+        *,
+        max_players: int = MAX_PLAYERS,
+        max_runs: int = MAX_RUNS,
+    ) -> None:
+        if job.spec.policy is None:
+            raise BranchingTooLarge(
+                f"{job.path}: exact values need a simulated scenario: set 'policy'"
+            )
+        self.job = job
+        self.tape = tape
+        self.max_players = max_players
+        self.max_runs = max_runs
+        self.app = _EnumeratingApp(job.load("policy"), tape.header.seed, len(tape.steps))
+        upstream: Upstream = _AppUpstream(self.app)
+        self.runner = ForkRunner(
+            job.load("agent"),
+            job.load("scorer"),
+            base_urls=BaseUrls.recorded_in(tape),
+            upstream=upstream,
+            max_threads=1,
+        )
+        self.runner.add_tape(tape)
+        self.runs = 0
+        self.recorded_bad = is_bad(self.runner.recorded_outcome(tape.tape_id))
+
+    async def aclose(self) -> None:
+        await self.runner.aclose()
+
+    async def __aenter__(self) -> Solver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def leaves(
+        self, plan: dict[int, Intervention], tail: Tail
+    ) -> list[tuple[float, ForkRow, list[_Draw]]]:
+        """Every branch of one fork spec: (probability, row, the fresh draws taken)."""
+        spec = ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=_SEED)
+        out: list[tuple[float, ForkRow, list[_Draw]]] = []
+        script: list[int] = []
+        while True:
+            self.runs += 1
+            if self.runs > self.max_runs:
+                raise BranchingTooLarge(
+                    f"{self.job.path}: more than {self.max_runs} runs to enumerate (at the "
+                    f"fork {sorted(plan)} with a {tail} tail): the scenario branches too much "
+                    "for exact values; give its policy fewer stochastic steps or actions"
+                )
+            self.app.begin(script)
+            row = await self.runner.run(spec)
+            if row.outcome is None:
+                raise BranchingTooLarge(
+                    f"{self.job.path}: a branch of the fork {sorted(plan)} ({tail} tail) "
+                    f"ended without an outcome ({row.status}: "
+                    f"{row.error or row.divergence or row.blocked_effect}); exact values "
+                    "need every branch to end in a score"
+                )
+            trace = list(self.app.trace)
+            probability = 1.0
+            for d in trace:
+                probability *= d.options[d.chosen][0]
+            out.append((probability, row, trace))
+            i = len(trace) - 1
+            while i >= 0 and trace[i].chosen + 1 >= len(trace[i].options):
+                i -= 1
+            if i < 0:
+                return out
+            script = [d.chosen for d in trace[:i]] + [trace[i].chosen + 1]
+
+    async def p_bad(self, plan: dict[int, Intervention], tail: Tail) -> float:
+        return sum(p for p, row, _ in await self.leaves(plan, tail) if is_bad(row.outcome or 0))
+
+    async def p_flip(self, plan: dict[int, Intervention], tail: Tail) -> float:
+        bad = await self.p_bad(plan, tail)
+        return 1.0 - bad if self.recorded_bad else bad
+
+    async def players(self) -> list[int]:
+        """The steps that ever have a choice to make: a step whose draw is a single action in
+        every context reachable with everything re-drawn is the same whether re-drawn or
+        held, so it is a null player of the held game (phi 0, necessity 0)."""
+        everything: dict[int, Intervention] = {k: Resample() for k in range(len(self.tape.steps))}
+        found: set[int] = set()
+        for _, _, trace in await self.leaves(everything, "held"):
+            for d in trace:
+                if d.step is not None and d.step < len(self.tape.steps) and len(d.options) > 1:
+                    found.add(d.step)
+        return sorted(found)
+
+    async def solve(self) -> Truth:
+        steps = self.tape.steps
+        players = await self.players()
+        if len(players) > self.max_players:
+            raise BranchingTooLarge(
+                f"{self.job.path}: {len(players)} steps make choices ({players}); exact "
+                f"Shapley values enumerate 2^n coalitions and stop at {self.max_players} "
+                "players: give the scenario fewer stochastic steps"
+            )
+        # v(S) = P(bad | re-draw S, hold the rest); Shapley over f(S) = 1 - v(S), the chance
+        # that re-drawing S removes the failure, so phi > 0 is blame.
+        v: dict[frozenset[int], float] = {}
+        for size in range(len(players) + 1):
+            for subset in combinations(players, size):
+                plan: dict[int, Intervention] = {k: Resample() for k in subset}
+                v[frozenset(subset)] = await self.p_bad(plan, "held")
+        phi = exact_shapley({s: 1.0 - value for s, value in v.items()}, players)
+        everyone = frozenset(players)
+        truths: list[StepTruth] = []
+        for event in steps:
+            k = event.step
+            live = await self.p_flip({k: Resample()}, "live")
+            player = k in phi
+            truths.append(
+                StepTruth(
+                    step=k,
+                    kind=event.type,
+                    label=_label(event),
+                    player=player,
+                    phi=phi.get(k, 0.0),
+                    necessity=_flip(self.recorded_bad, v[frozenset({k})]) if player else 0.0,
+                    sufficiency=_stay(self.recorded_bad, v[everyone - {k}]),
+                    live_flip=live,
+                )
+            )
+        arms = [await self._arm(arm, v) for arm in job_arms(self.job, self.tape)]
+        best = max((t.phi for t in truths), default=0.0)
+        top = [t.step for t in truths if best > 1e-9 and t.phi >= best - 1e-9]
+        return Truth(
+            job=str(self.job.path),
+            tape_id=self.tape.tape_id,
+            recorded_outcome=self.runner.recorded_outcome(self.tape.tape_id),
+            base_rate=v[everyone],
+            players=players,
+            top=top,
+            steps=truths,
+            arms=arms,
+            coalitions={_key(sorted(s)): value for s, value in v.items()},
+            runs=self.runs,
+        )
+
+    async def _arm(self, arm: Arm, v: dict[frozenset[int], float]) -> ArmTruth:
+        if arm.kind == "resample":
+            value = v.get(frozenset({arm.step}))
+            flip = (
+                _flip(self.recorded_bad, value)
+                if value is not None
+                else await self.p_flip({arm.step: arm.intervention}, "held")
+            )
+        else:
+            flip = await self.p_flip({arm.step: arm.intervention}, "held")
+        return ArmTruth(kind=arm.kind, step=arm.step, tail="held", flip=flip)
+
+
+def _flip(recorded_bad: bool, p_bad: float) -> float:
+    return 1.0 - p_bad if recorded_bad else p_bad
+
+
+def _stay(recorded_bad: bool, p_bad: float) -> float:
+    return p_bad if recorded_bad else 1.0 - p_bad
+
+
+def _label(event: Any) -> str:
+    if isinstance(event, LlmEvent):
+        action = event.action or {}
+        calls = action.get("tool_calls") or []
+        if calls:
+            return "→ " + ", ".join(str(c.get("name")) for c in calls)
+        text = str(action.get("text") or "")
+        return json.dumps(text[:40]) if text else f"{event.provider}:{event.model}"
+    return str(event.name)
+
+
+async def solve(job: Job, tape: Tape, **limits: int) -> Truth:
+    """The exact values of `job`'s scenario on `tape` (see `Solver`)."""
+    async with Solver(job, tape, **limits) as solver:
+        return await solver.solve()

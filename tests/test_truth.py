@@ -1,0 +1,141 @@
+"""The exact solver against values derived by hand from the scenario policies' constants,
+and the held tail it enumerates (the engine's coalition game)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from car_ray.cli import app
+from car_ray.job import Job, load_job
+from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, ForkSpec, Resample
+from car_ray.sim import SimServer
+from car_ray.tape import Tape
+from car_ray.truth import BranchingTooLarge, Solver, solve
+from jobs.research_async import policy as research
+from jobs.research_async.agent import BLOG
+from jobs.support_refund import policy as support
+
+from .conftest import RESEARCH_JOB, record_job, run
+
+EXACT = 1e-12
+
+
+@pytest.fixture(scope="module")
+def research_job() -> Job:
+    return load_job(RESEARCH_JOB)
+
+
+@pytest.fixture(scope="module")
+def research_tape(research_job: Job, tmp_path_factory: pytest.TempPathFactory) -> Tape:
+    with SimServer(research_job.load("policy")) as sim:
+        return record_job(research_job, sim, tmp_path_factory.mktemp("t") / "r.tape")
+
+
+def _first_fetch(tape: Tape) -> str:
+    return str(tape.steps[2].action["tool_calls"][0]["arguments"]["url"])
+
+
+def test_research_values_match_the_policy_by_hand(research_job: Job, research_tape: Tape) -> None:
+    # The recorded run fetched a reliable page first, then the blog, then trusted it.
+    first = _first_fetch(research_tape)
+    assert first != BLOG
+    truth = run(solve(research_job, research_tape))
+    p_blog_second = research.P_SECOND[first][BLOG]
+    trust = research.P_TRUST_BLOG_SECOND
+    assert truth.players == [2, 4, 6]
+    # Re-draw the second fetch, hold the answer's draw: bad iff the blog is fetched again.
+    assert abs(truth.coalition([4]) - p_blog_second) < EXACT
+    # Re-draw the answer alone: bad iff it trusts the blog read second.
+    assert abs(truth.coalition([6]) - trust) < EXACT
+    assert abs(truth.coalition([4, 6]) - p_blog_second * trust) < EXACT
+    # Everything re-drawn: the policy's own total (its docstring's 0.314).
+    total = sum(
+        p1 * p2 * (research.P_TRUST_BLOG_FIRST if a == BLOG else research.P_TRUST_BLOG_SECOND)
+        for a, p1 in research.P_FIRST.items()
+        for b, p2 in research.P_SECOND[a].items()
+        if BLOG in (a, b)
+    )
+    assert abs(truth.base_rate - total) < 1e-9
+    assert abs(truth.base_rate - 0.314) < 1e-9
+    # Efficiency: sum of blame = v(nothing re-drawn) - v(everything re-drawn).
+    assert abs(sum(s.phi for s in truth.steps) - (1.0 - truth.base_rate)) < 1e-9
+    # The root (the blog fetch) and the decision to trust it are the top two; the submit tool
+    # that carries the answer's text is not blamed.
+    ranked = sorted(truth.steps, key=lambda s: -s.phi)
+    assert {ranked[0].step, ranked[1].step} == {4, 6}
+    assert truth.step(7).phi == 0.0 and not truth.step(7).player
+    assert abs(truth.step(4).necessity - (1 - p_blog_second)) < EXACT
+    # A live tail re-draws everything after the step: the precursors tie with the cause.
+    assert truth.step(3).live_flip == truth.step(4).live_flip
+
+
+def test_support_values_match_the_policy_by_hand(support_job: Job, support_tape: Tape) -> None:
+    truth = run(solve(support_job, support_tape))
+    assert truth.players == [2, 4]
+    assert abs(truth.coalition([4]) - support.P_REFUND_INJECTED) < EXACT
+    direct = (1 - support.P_CHECK_POLICY) * support.P_REFUND_INJECTED
+    assert abs(truth.coalition([2]) - (support.P_CHECK_POLICY + direct)) < EXACT
+    assert truth.top == [4]
+    # Replacing the injected order note fixes it with the recorded randomness held (the
+    # decision's recorded draw refunds only with the note: its u lies above P_REFUND_CLEAN).
+    observation = truth.arm("observation", 1)
+    assert observation is not None and observation.flip == 1.0
+    assert truth.arm("observation", 3) is not None
+
+
+def test_too_many_players_is_a_clear_error(research_job: Job, research_tape: Tape) -> None:
+    with pytest.raises(BranchingTooLarge, match=r"3 steps make choices \(\[2, 4, 6\]\)"):
+        run(solve(research_job, research_tape, max_players=2))
+    with pytest.raises(BranchingTooLarge, match="more than 5 runs"):
+        run(solve(research_job, research_tape, max_runs=5))
+
+
+def test_held_tail_serves_the_recorded_answer_while_the_request_is_unchanged(
+    support_job: Job, support_tape: Tape
+) -> None:
+    """Nothing intervened: the held fork is the replay (no live call, $0). The sampled
+    fork's held answer after a changed decision is re-drawn with the recorded randomness."""
+
+    async def go() -> list[tuple[int, int | None, int]]:
+        with SimServer(support_job.load("policy")) as sim:
+            runner = ForkRunner(
+                support_job.load("agent"),
+                support_job.load("scorer"),
+                base_urls=BaseUrls.for_server(sim.url),
+                upstream=AiohttpUpstream(),
+            )
+            runner.add_tape(support_tape)
+            try:
+                out = []
+                for plan in ({}, {6: Resample()}):
+                    row = await runner.run(
+                        ForkSpec(tape_id=support_tape.tape_id, interventions=plan, tail="held")
+                    )
+                    out.append((row.tail_calls, row.first_deviation, row.fresh_draws))
+                return out
+            finally:
+                await runner.aclose()
+
+    (calls0, dev0, fresh0), (calls6, dev6, fresh6) = run(go())
+    assert (calls0, dev0, fresh0) == (0, None, 0)
+    # Step 6 is a point mass: its fresh draw lands on the recorded action, byte for byte.
+    assert (calls6, dev6, fresh6) == (1, None, 1)
+
+
+def test_truth_cli_prints_the_table_and_json() -> None:
+    # Records jobs/research_async's tape on first use (a scenario job's tape is data).
+    result = CliRunner().invoke(app, ["truth", str(RESEARCH_JOB.parent / "job.toml"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["players"] == [2, 4, 6] and abs(data["base_rate"] - 0.314) < 1e-9
+    result = CliRunner().invoke(app, ["truth", str(RESEARCH_JOB.parent / "job.toml")])
+    assert result.exit_code == 0 and "top cause: step" in result.stdout
+
+
+def test_solver_refuses_a_job_without_a_policy(research_job: Job, research_tape: Tape) -> None:
+    job = Job(research_job.path, research_job.spec.model_copy(update={"policy": None}))
+    with pytest.raises(BranchingTooLarge, match="set 'policy'"):
+        Solver(job, research_tape)
