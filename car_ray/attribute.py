@@ -34,7 +34,7 @@ from .schedule import (
     effective_budget,
     job_id_of,
 )
-from .tape import Tape, load_tape
+from .tape import LlmEvent, Tape, load_tape
 
 log = structlog.get_logger("car_ray.attribute")
 
@@ -61,7 +61,7 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
         yield BaseUrls.for_server(sim.url)
 
 
-def _budget(job: Job, max_usd: float | None, max_forks: int | None) -> Budget:
+def _budget(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) -> Budget:
     """The job file's caps, overridden by the command line's, as the job will run them."""
     b = job.spec.budget
     return effective_budget(
@@ -70,8 +70,47 @@ def _budget(job: Job, max_usd: float | None, max_forks: int | None) -> Budget:
             max_usd=max_usd if max_usd is not None else b.max_usd,
             max_tokens=b.max_tokens,
             max_wall_s=b.max_wall_s,
-        )
+        ),
+        len(tape.steps) if job.spec.method == "auto" else None,
     )
+
+
+def with_seed(job: Job, seed: int | None) -> Job:
+    """The job with `--seed` as its attribution seed (part of the job id)."""
+    if seed is None:
+        return job
+    return Job(job.path, job.spec.model_copy(update={"attribution_seed": seed}))
+
+
+def dry_run(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) -> str:
+    """What the job may spend, before it starts: its caps, and the most one fork can cost
+    (every model call from the first step live again, at configs/pricing.toml's prices)."""
+    budget = _budget(job, tape, max_usd, max_forks)
+    prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
+    scheduler = Scheduler(
+        job, tape, job_id="dry-run", executor=None, sink=None, budget=budget, prices=prices
+    )
+    from .replay import ForkSpec, Resample
+
+    everything = ForkSpec(
+        tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
+    )
+    worst = scheduler.estimate(everything)
+    models = sorted({e.model for e in tape.steps if isinstance(e, LlmEvent)})
+    lines = [
+        f"{len(tape.steps)} steps ({', '.join(models) or 'no model calls'}); method "
+        f"{job.spec.method}",
+        f"caps: {budget.max_forks or '∞'} forks, "
+        + (f"${budget.max_usd:g}" if budget.max_usd else "no dollar cap")
+        + (f", {budget.max_tokens} tokens" if budget.max_tokens else ""),
+        f"one fork costs at most ${worst.usd:.4f} ({worst.tokens} tokens) at the listed prices",
+    ]
+    if budget.max_forks:
+        most = worst.usd * budget.max_forks
+        if budget.max_usd:
+            most = min(most, budget.max_usd)
+        lines.append(f"the job spends at most ${most:.4f}; nothing runs on --dry-run")
+    return "\n".join(lines)
 
 
 def _progress_table(p: Progress) -> Table:
@@ -143,7 +182,7 @@ def attribute(
     tape.require_sealed()
     out = out or job.spec.out
     job_id = job_id_of(job, tape)
-    budget = _budget(job, max_usd, max_forks)
+    budget = _budget(job, tape, max_usd, max_forks)
     existing = ForkSink.existing(out, job_id).to_pylist()
     previous = read_job_json(out, job_id) or {}
     ledger = previous.get("ledger", {})

@@ -316,14 +316,35 @@ def attribute_cmd(
             "RAY_ADDRESS says"
         ),
     ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="the attribution's seed (independent reruns; job id)")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the caps and worst-case cost, run nothing")
+    ] = False,
 ) -> None:
     """Find which step caused the bad outcome: forks on Ray, under the budget."""
-    from .attribute import attribute
+    from ._scenario import ensure_tape
+    from .attribute import attribute, with_seed
+    from .attribute import dry_run as estimate
 
-    job = _job(job_file)
+    job = with_seed(_job(job_file), seed)
+    try:
+        tape = ensure_tape(job, on_record=err.print)
+    except (TapeError, JobFileError) as exc:
+        raise _fail(str(exc)) from None
+    if dry_run:
+        console.print(estimate(job, tape, max_usd, max_forks))
+        return
     try:
         folder, outcome = attribute(
-            job, out=out, address=address, max_usd=max_usd, max_forks=max_forks, console=console
+            job,
+            tape=tape,
+            out=out,
+            address=address,
+            max_usd=max_usd,
+            max_forks=max_forks,
+            console=console,
         )
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None

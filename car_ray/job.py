@@ -88,9 +88,22 @@ class JobSpec(BaseModel):
     policy: str | None = None
     tape: str | None = None
     tapes: list[str] = Field(default_factory=list)
-    seed: int = 0
+    seed: int = Field(default=0, description="the simulated provider's seed when recording")
+    attribution_seed: int = Field(
+        default=0,
+        ge=0,
+        lt=1 << 30,
+        description="every fork seed derives from it: two attributions with different seeds "
+        "are independent trials (part of the job id)",
+    )
     input: Any = None
-    method: Literal["auto", "flip", "shapley"] = "auto"
+    method: Literal["auto", "uniform", "flip", "shapley"] = "auto"
+    forks_per_step: int = Field(
+        default=4, ge=1, le=10_000, description="method 'uniform': forks for every arm"
+    )
+    uniform_tail: Literal["live", "pinned", "held"] = Field(
+        default="pinned", description="method 'uniform': the tail of its forks"
+    )
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     target_half_width: float = Field(default=0.1, gt=0.0, le=0.5)
     out: str = "out"

@@ -398,7 +398,7 @@ for i in range(10**7):
         "recorded_outcome": 1.0, "flipped": False, "steps_intervened": [1],
         "interventions": ["resample"], "tail": "live", "seed": i, "tail_calls": 2,
         "retries": 0, "tokens_in": 10, "tokens_out": 5, "cost_usd": 0.0, "latency_s": 0.0,
-        "error": "x" * 2000, "job_id": "job-1", "stage": "race", "spec": "{}",
+        "error": "x" * 2000, "fresh_draws": 1, "job_id": "job-1", "stage": "race", "spec": "{}",
         "worker": "w", "attempt": 1, "finished_at": datetime.now(UTC),
     })
 """

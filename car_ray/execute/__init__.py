@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._local import LocalExecutor
 from ._ray import (
     BatchLost,
     ClusterUnreachable,
@@ -18,6 +19,7 @@ __all__ = [
     "ClusterUnreachable",
     "ForkWorker",
     "Item",
+    "LocalExecutor",
     "RayExecutor",
     "WorkerConfig",
     "cluster_info",

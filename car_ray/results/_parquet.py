@@ -25,7 +25,7 @@ from ..replay import ForkRow
 
 log = structlog.get_logger("car_ray.results")
 
-Stage = Literal["verify", "controls", "screen", "race", "shapley"]
+Stage = Literal["verify", "controls", "screen", "race", "shapley", "arms", "uniform"]
 StepKind = Literal["llm", "tool"]
 
 FORK_SCHEMA = pa.schema(

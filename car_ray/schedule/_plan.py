@@ -33,7 +33,8 @@ from ..replay import (
 )
 from ..tape import LlmEvent, Tape, ToolEvent
 from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
-from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner
+from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner, wilson
+from ._mechanism import DeviationScreen, Interval, SeedShapley
 
 log = structlog.get_logger("car_ray.schedule")
 
@@ -43,7 +44,11 @@ SCREEN_FORKS = 4
 RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
 MIN_FORKS_PER_COALITION = 4
 OUTPUT_FLOOR_TOKENS = 256
-DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all
+DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all (legacy methods)
+DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 forks a step
+SCREEN_CLEAN = 8  # clean re-draws that clear a step (misses a step leaving the tape 30%: 6%)
+SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
+ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
 
 
@@ -118,12 +123,15 @@ def job_arms(job: Job, tape: Tape) -> list[Arm]:
     return arms
 
 
-def effective_budget(budget: Budget) -> Budget:
-    """The caps a job runs under: a job that sets none gets DEFAULT_MAX_FORKS (a job never
-    runs unbounded)."""
+def effective_budget(budget: Budget, steps: int | None = None) -> Budget:
+    """The caps a job runs under: a job that sets none gets DEFAULT_FORKS_PER_STEP forks a
+    step of its tape (DEFAULT_MAX_FORKS when the tape is not known): a job never runs
+    unbounded."""
     if all(v is None for v in (budget.max_forks, budget.max_usd, budget.max_tokens)):
         return Budget(
-            max_forks=DEFAULT_MAX_FORKS,
+            max_forks=DEFAULT_MAX_FORKS
+            if steps is None
+            else min(DEFAULT_MAX_FORKS, DEFAULT_FORKS_PER_STEP * max(1, steps)),
             max_usd=budget.max_usd,
             max_tokens=budget.max_tokens,
             max_wall_s=budget.max_wall_s,
@@ -166,7 +174,7 @@ class Scheduler:
         self.sink = sink
         self.prices = prices
         self.alpha = 1 - self.spec.confidence
-        budget = effective_budget(budget)
+        budget = effective_budget(budget, len(tape.steps) if self.spec.method == "auto" else None)
         self.budget = budget
         self.governor = BudgetGovernor(
             budget, already_spent=already_spent or Cost(), already_elapsed_s=already_elapsed_s
@@ -184,6 +192,15 @@ class Scheduler:
         self.rows_by_task: dict[str, dict[str, Any]] = {}
         self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
         self.arms = job_arms(job, tape)
+        # Every fork seed derives from the attribution's seed: the j-th fork of a counter has
+        # seed base + j, and fresh draws hash (seed, step).
+        self.seed_base = self.spec.attribution_seed << 32
+        # The simulated provider honours seeds: a held fork with no fresh draw is then
+        # deterministic, and one fork is its exact value.
+        self.honours_seed = self.spec.provider.base_url is None
+        self.screen: DeviationScreen | None = None
+        self.seed_shapley: SeedShapley | None = None
+        self.verdict: tuple[str, list[int]] | None = None
         self.shapley: ShapleyPlanner[int] | None = None
         self.races: dict[str, Race[str]] = {}
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
@@ -209,7 +226,9 @@ class Scheduler:
         if seed is None:
             seed = self.seed_next[counter]
         self.seed_next[counter] = max(self.seed_next[counter], seed + 1)
-        return ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=seed)
+        return ForkSpec(
+            tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=self.seed_base + seed
+        )
 
     def estimate(self, spec: ForkSpec) -> Cost:
         """An upper estimate of a fork's spend, from the recorded requests it may resend."""
@@ -255,7 +274,7 @@ class Scheduler:
         stage = row["stage"]
         key = _arm_key(stage, spec)
         counter = _counter(stage, key)
-        self.seed_next[counter] = max(self.seed_next[counter], spec.seed + 1)
+        self.seed_next[counter] = max(self.seed_next[counter], spec.seed - self.seed_base + 1)
         self.rows_by_arm[(stage, key)].append(row)
 
     # -- running forks ------------------------------------------------------------------------
@@ -407,6 +426,18 @@ class Scheduler:
             self.status = "verify_failed"
             self.notes.append(check["divergence"])
             return self._finish()
+        if self.spec.method == "auto":
+            out_of_budget = (
+                self._held_control()
+                or self._deviation_screen()
+                or self._seed_shapley()
+                or self._held_arms()
+            )
+            self.status = "budget_exhausted" if out_of_budget else "complete"
+            return self._finish()
+        if self.spec.method == "uniform":
+            self.status = "budget_exhausted" if self._uniform() else "complete"
+            return self._finish()
         out_of_budget = self._controls()
         if not out_of_budget:
             out_of_budget = self._screen()
@@ -416,6 +447,178 @@ class Scheduler:
             out_of_budget = self._shapley()
         self.status = "budget_exhausted" if out_of_budget else "complete"
         return self._finish()
+
+    # -- the held-mechanism attribution (method "auto") ----------------------------------------
+
+    def _rows(self, stage: str, tail: Tail) -> list[tuple[ForkSpec, dict[str, Any]]]:
+        out = []
+        for (st, _), rows in self.rows_by_arm.items():
+            if st != stage:
+                continue
+            for row in rows:
+                spec = ForkSpec.model_validate_json(row["spec"])
+                if spec.tail == tail:
+                    out.append((spec, row))
+        return out
+
+    def _held_control(self) -> bool:
+        """The negative control: nothing intervened, every step held. It must reproduce the
+        recorded outcome (with a seed-honouring provider it is the replay: no live call)."""
+        self._stage("controls")
+        plan = iter([("controls", self._spec("controls", "held", {}, "held", 0))])
+        exhausted = self._run(lambda room: list(itertools.islice(plan, room)) or None, _ignore)
+        rows = [r for _, r in self._rows("controls", "held")]
+        bad = [r for r in rows if r["outcome"] != r["recorded_outcome"]]
+        if bad or any(r["status"] != "ok" for r in rows):
+            self.notes.append(
+                "NEGATIVE CONTROL FAILED: the fork that changes nothing did not reproduce the "
+                "recorded outcome; the attribution below is suspect (nondeterminism outside "
+                "the context's seams?)"
+            )
+        return exhausted
+
+    def _deviation_screen(self) -> bool:
+        """Which steps ever choose differently: blocks of steps re-drawn together, held tail
+        (see `DeviationScreen`)."""
+        self._stage("screen")
+        steps = [a.step for a in self.arms if a.kind == "resample"]
+        screen = DeviationScreen(steps, clean_needed=SCREEN_CLEAN)
+        self.screen = screen
+        for spec, row in self._rows("screen", "held"):
+            if row["outcome"] is not None:
+                screen.observe(sorted(spec.interventions), row["first_deviation"])
+        pending = 0
+
+        def on_row(row: dict[str, Any]) -> None:
+            nonlocal pending
+            pending -= 1
+            if row["outcome"] is not None:
+                spec = ForkSpec.model_validate_json(row["spec"])
+                screen.observe(sorted(spec.interventions), row["first_deviation"])
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            nonlocal pending
+            if screen.done():
+                return None
+            block = screen.block()
+            n = min(room, SCREEN_IN_FLIGHT - pending)
+            plan: dict[int, Intervention] = {k: Resample() for k in block}
+            out = [("screen", self._spec("screen", "block", plan, "held")) for _ in range(n)]
+            pending += len(out)
+            return out
+
+        exhausted = self._run(next_batch, on_row)
+        if screen.strays:
+            self.notes.append(
+                f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
+                "(nondeterminism outside the context's seams?)"
+            )
+        self.notes.append(
+            f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
+        )
+        return exhausted
+
+    def _seed_shapley(self) -> bool:
+        """Shapley blame over the steps that make choices, one seed at a time (see
+        `SeedShapley`), until the top cause is separated or the intervals are precise."""
+        self._stage("shapley")
+        assert self.screen is not None
+        shap = SeedShapley(self.screen.candidates, self.alpha)
+        self.seed_shapley = shap
+        self.candidates = list(shap.candidates)
+        coalitions_of: dict[int, set[frozenset[int]]] = {}
+        for spec, row in self._rows("shapley", "held"):
+            seed = spec.seed - self.seed_base
+            coalition = frozenset(spec.interventions)
+            if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
+                shap.observe(
+                    seed, coalition, row["flipped"] if row["outcome"] is not None else None
+                )
+        pending: set[tuple[int, frozenset[int]]] = set()
+        per_seed = max(1, len(shap.coalitions(0)))
+        target = self.spec.target_half_width
+
+        def on_row(row: dict[str, Any]) -> None:
+            spec = ForkSpec.model_validate_json(row["spec"])
+            seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
+            pending.discard((seed, coalition))
+            shap.observe(seed, coalition, row["flipped"] if row["outcome"] is not None else None)
+
+        def on_unrun(spec: ForkSpec) -> None:
+            pending.discard((spec.seed - self.seed_base, frozenset(spec.interventions)))
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            self.verdict = shap.verdict(target)
+            if self.verdict is not None:
+                return None
+            room = min(room, max(2 * per_seed, 8) - len(pending))
+            out: list[tuple[str, ForkSpec]] = []
+            seed = 0
+            while len(out) < room:
+                if seed not in shap.failed:
+                    have = shap.values.get(seed, {})
+                    for coalition in shap.coalitions(seed):
+                        if len(out) >= room:
+                            break
+                        if coalition in have or (seed, coalition) in pending:
+                            continue
+                        pending.add((seed, coalition))
+                        plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                        key = ",".join(map(str, sorted(coalition)))
+                        out.append(("shapley", self._spec("shapley", key, plan, "held", seed)))
+                seed += 1
+            return out
+
+        exhausted = self._run(next_batch, on_row, on_unrun)
+        self.verdict = self.verdict or shap.verdict(target)
+        n = len(shap.complete_seeds())
+        if self.verdict is None:
+            self.notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
+        elif self.verdict[1]:
+            self.notes.append(
+                f"shapley: {n} seeds; top cause {self.verdict[1]} {self.verdict[0]} at "
+                f"{self.spec.confidence:.0%}"
+            )
+        else:
+            self.notes.append("shapley: no step makes a choice that could change the outcome")
+        return exhausted
+
+    def _held_arms(self) -> bool:
+        """Every other arm (observation, action, context, policy) with a held tail: one fork
+        when the provider honours seeds and the fork draws nothing fresh (it is then exact),
+        ARM_FORKS otherwise."""
+        self._stage("arms")
+        plan: list[tuple[Arm, int]] = []
+        for arm in self.arms:
+            if arm.kind == "resample":
+                continue
+            exact = self.honours_seed and not isinstance(arm.intervention, SwapPolicy)
+            plan.extend((arm, j) for j in range(1 if exact else ARM_FORKS))
+        given = iter(plan)
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            out = [
+                ("arms", self._spec("arms", arm.key, {arm.step: arm.intervention}, "held", j))
+                for arm, j in itertools.islice(given, room)
+            ]
+            return out or None
+
+        return self._run(next_batch, _ignore)
+
+    def _uniform(self) -> bool:
+        """The uniform scheme: `forks_per_step` forks of every arm, one tail for all."""
+        self._stage("uniform")
+        k, tail = self.spec.forks_per_step, self.spec.uniform_tail
+        given = iter([(arm, j) for j in range(k) for arm in self.arms])
+
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            out = [
+                ("uniform", self._spec("uniform", arm.key, {arm.step: arm.intervention}, tail, j))
+                for arm, j in itertools.islice(given, room)
+            ]
+            return out or None
+
+        return self._run(next_batch, _ignore)
 
     def _controls(self) -> bool:
         self._stage("controls")
@@ -640,6 +843,10 @@ class Scheduler:
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress)
 
     def aggregate(self) -> list[dict[str, Any]]:
+        if self.spec.method == "auto":
+            return self._aggregate_held()
+        if self.spec.method == "uniform":
+            return self._aggregate_flips("uniform")
         z_alpha = self.alpha
         shap = self.shapley.estimates().rows() if self.shapley is not None else {}
         out: list[dict[str, Any]] = []
@@ -689,6 +896,118 @@ class Scheduler:
                 r["rank"] = i
         return sorted(out, key=lambda r: (r["intervention"], r["rank"]))
 
+    def _record(self, arm: Arm) -> dict[str, Any]:
+        event = self.steps[arm.step]
+        return {
+            "step": arm.step,
+            "kind": event.type,
+            "label": f"{event.provider}:{event.model}"
+            if isinstance(event, LlmEvent)
+            else event.name,
+            "intervention": arm.kind,
+            **{
+                f"{q}{suffix}": None
+                for q in ("flip", "phi", "necessity", "sufficiency")
+                for suffix in (("_rate", "_lo", "_hi") if q == "flip" else ("", "_lo", "_hi"))
+            },
+            "flip_n": 0,
+            "phi_se": None,
+            "necessity_n": 0,
+            "sufficiency_n": 0,
+            "rank": None,
+        }
+
+    def _flips(self, stage: str, arm: Arm) -> tuple[int, int]:
+        rows = [r for r in self.rows_by_arm[(stage, arm.key)] if r["flipped"] is not None]
+        return sum(bool(r["flipped"]) for r in rows), len(rows)
+
+    def _aggregate_flips(self, stage: str) -> list[dict[str, Any]]:
+        """Flip-rates per arm from one stage's forks, Wilson intervals, ranked by flip-rate
+        within each intervention kind (the uniform scheme's table)."""
+        out = []
+        for arm in self.arms:
+            record = self._record(arm)
+            flips, n = self._flips(stage, arm)
+            if n:
+                lo, hi = wilson(flips, n, self.alpha)
+                record.update(flip_rate=flips / n, flip_lo=lo, flip_hi=hi, flip_n=n)
+            out.append(record)
+        _rank(out, "flip_rate")
+        return sorted(out, key=_table_order)
+
+    def _aggregate_held(self) -> list[dict[str, Any]]:
+        """The held-mechanism table: phi, necessity and sufficiency for the steps that make
+        choices; 0 for steps the screen cleared (necessity_hi: how often they could still
+        leave the tape); flip-rates of the other arms with a held tail."""
+        estimates = self.seed_shapley.estimates() if self.seed_shapley is not None else {}
+        out = []
+        for arm in self.arms:
+            record = self._record(arm)
+            if arm.kind == "resample":
+                if arm.step in estimates:
+                    phi, nec, suf = estimates[arm.step]
+                    record.update({k: v for k, v in _interval("phi", phi).items() if k != "phi_n"})
+                    record.update(_interval("necessity", nec))
+                    record.update(_interval("sufficiency", suf))
+                    record.update(
+                        flip_rate=nec.value, flip_lo=nec.low, flip_hi=nec.high, flip_n=nec.n
+                    )
+                elif (
+                    self.screen is not None
+                    and self.screen.done()
+                    and (self.screen.clean.get(arm.step, 0) >= self.screen.clean_needed)
+                ):
+                    bound = self.screen.deviation_bound(arm.step, self.alpha)
+                    n = self.screen.clean[arm.step]
+                    record.update(
+                        phi=0.0,
+                        phi_lo=0.0,
+                        phi_hi=0.0,
+                        necessity=0.0,
+                        necessity_lo=0.0,
+                        necessity_hi=bound,
+                        necessity_n=n,
+                        flip_rate=0.0,
+                        flip_lo=0.0,
+                        flip_hi=bound,
+                        flip_n=n,
+                    )
+            else:
+                flips, n = self._flips("arms", arm)
+                if n:
+                    exact = self.honours_seed and not isinstance(arm.intervention, SwapPolicy)
+                    lo, hi = (flips / n, flips / n) if exact else wilson(flips, n, self.alpha)
+                    record.update(flip_rate=flips / n, flip_lo=lo, flip_hi=hi, flip_n=n)
+            out.append(record)
+        candidates = set(estimates)
+        _rank(
+            [r for r in out if r["intervention"] == "resample" and r["step"] in candidates], "phi"
+        )
+        _rank([r for r in out if r["intervention"] != "resample"], "flip_rate")
+        return sorted(out, key=_table_order)
+
+
+def _ignore(row: dict[str, Any]) -> None:
+    return None
+
+
+def _interval(name: str, e: Interval) -> dict[str, Any]:
+    return {name: e.value, f"{name}_lo": e.low, f"{name}_hi": e.high, f"{name}_n": e.n}
+
+
+def _rank(records: list[dict[str, Any]], key: str) -> None:
+    """Rank measured records by `key` within each intervention kind (1 = first); records
+    without a value get no rank."""
+    for kind in {r["intervention"] for r in records}:
+        measured = [r for r in records if r["intervention"] == kind and r[key] is not None]
+        measured.sort(key=lambda r: (-r[key], r["step"]))
+        for i, r in enumerate(measured, start=1):
+            r["rank"] = i
+
+
+def _table_order(r: dict[str, Any]) -> tuple[str, int, int]:
+    return (r["intervention"], r["rank"] if r["rank"] is not None else 1 << 30, r["step"])
+
 
 def _rate(rows: list[dict[str, Any]]) -> float:
     known = [r for r in rows if r["flipped"] is not None]
@@ -722,7 +1041,11 @@ def _arm_key(stage: str, spec: ForkSpec) -> str:
     if stage == "shapley":
         return ",".join(map(str, sorted(spec.interventions)))
     if stage == "controls":
-        return "pinned" if not spec.interventions else "base"
+        if not spec.interventions:
+            return "held" if spec.tail == "held" else "pinned"
+        return "base"
+    if stage == "screen" and spec.tail == "held":
+        return "block"
     ((step, iv),) = spec.interventions.items()
     return f"{iv.kind}@{step}"
 

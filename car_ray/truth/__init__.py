@@ -3,6 +3,6 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 
 from __future__ import annotations
 
-from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, solve
+from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
 
-__all__ = ["ArmTruth", "BranchingTooLarge", "Solver", "StepTruth", "Truth", "solve"]
+__all__ = ["ArmTruth", "BranchingTooLarge", "Solver", "StepTruth", "Truth", "sim_runner", "solve"]

@@ -339,6 +339,20 @@ def _label(event: Any) -> str:
     return str(event.name)
 
 
+def sim_runner(job: Job, tape: Tape) -> ForkRunner:
+    """A ForkRunner whose live calls the job's simulated provider answers in this process
+    (no sockets): the engine's forks, exactly as over HTTP, for benchmarks and tests."""
+    runner = ForkRunner(
+        job.load("agent"),
+        job.load("scorer"),
+        base_urls=BaseUrls.recorded_in(tape),
+        upstream=_AppUpstream(SimApp(job.load("policy"))),
+        max_threads=8,
+    )
+    runner.add_tape(tape)
+    return runner
+
+
 async def solve(job: Job, tape: Tape, **limits: int) -> Truth:
     """The exact values of `job`'s scenario on `tape` (see `Solver`)."""
     async with Solver(job, tape, **limits) as solver:

@@ -1,0 +1,245 @@
+"""The held-mechanism attribution: find the steps that make choices, then Shapley blame over
+them with common random numbers, one seed at a time.
+
+The game is v(S) = P(the outcome flips | the steps in S are re-drawn fresh, every other step
+keeps its mechanism: its recorded answer while its request is unchanged, else an answer drawn
+with the recorded draw's randomness). Two facts make it cheap:
+
+- A step that draws its recorded action again leaves the run on the tape, so a fork that
+  re-draws a whole block and never leaves the tape before step d shows that every step of the
+  block before d drew its recorded action (`DeviationScreen`: one fork tests many steps).
+- With one fork seed shared by every coalition, a seed fixes each step's fresh draw, so the
+  game v_s of that seed is deterministic and its exact Shapley values phi_s are an unbiased
+  draw of phi; seeds are independent, so the mean over seeds and a t interval are honest
+  however many seeds the job stops at (`SeedShapley`).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+from scipy.stats import norm, t
+
+from ._estimators import exact_shapley, wilson
+
+EXACT_UP_TO = 3  # candidates: above this, antithetic permutation chains instead of 2^m - 1
+MIN_SEEDS = 4
+
+
+@dataclass
+class DeviationScreen:
+    """Which steps ever draw something other than their recorded action (held tail).
+
+    Each fork re-draws `block()`: every step not yet cleared and not yet seen to deviate. The
+    fork's first deviation d (the first step where it left the tape) marks d as a choice-maker;
+    every re-drawn step before d drew its recorded action once more (one clean observation).
+    A step is cleared after `clean_needed` clean observations: a step that leaves the tape with
+    probability q survives that with probability (1 - q)^clean_needed."""
+
+    steps: list[int]
+    clean_needed: int
+    clean: dict[int, int] = field(default_factory=dict)
+    hits: dict[int, int] = field(default_factory=dict)
+    forks: int = 0
+    # Forks that left the tape first at a step they did not re-draw: nothing the screen
+    # chose explains them (nondeterminism outside the seams); after a few it gives up.
+    strays: int = 0
+
+    def block(self) -> list[int]:
+        return [
+            k for k in self.steps if k not in self.hits and self.clean.get(k, 0) < self.clean_needed
+        ]
+
+    def done(self) -> bool:
+        return not self.block() or self.strays >= 3
+
+    def observe(self, block: Sequence[int], first_deviation: int | None) -> None:
+        self.forks += 1
+        for k in block:
+            if first_deviation is not None and k >= first_deviation:
+                break
+            self.clean[k] = self.clean.get(k, 0) + 1
+        if first_deviation is not None and first_deviation in block:
+            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
+        elif first_deviation is not None and first_deviation < min(block, default=0):
+            self.strays += 1
+
+    @property
+    def candidates(self) -> list[int]:
+        return sorted(self.hits)
+
+    def deviation_bound(self, k: int, alpha: float) -> float:
+        """An upper bound on how often step k leaves the tape, from its clean observations
+        (0 of n: the exact binomial bound 1 - alpha^(1/n))."""
+        n = self.clean.get(k, 0)
+        return 1.0 if n == 0 else 1.0 - alpha ** (1.0 / n)
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float | None
+    low: float | None
+    high: float | None
+    n: int
+
+    @property
+    def half_width(self) -> float:
+        if self.low is None or self.high is None:
+            return math.inf
+        return (self.high - self.low) / 2
+
+
+@dataclass
+class SeedShapley:
+    """Shapley blame over `candidates` from per-seed games. With at most EXACT_UP_TO
+    candidates every seed evaluates all 2^m - 1 non-empty coalitions (the empty one is the
+    recorded run) and gives exact per-seed phi, necessity and sufficiency; above, each seed
+    walks one permutation (odd seeds the reverse of the even seed before: antithetic pairs)."""
+
+    candidates: list[int]
+    alpha: float
+    values: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+
+    @property
+    def exact(self) -> bool:
+        return len(self.candidates) <= EXACT_UP_TO
+
+    def coalitions(self, seed: int) -> list[frozenset[int]]:
+        """The coalitions one seed evaluates, in order."""
+        m = self.candidates
+        if self.exact:
+            return [frozenset(c) for size in range(1, len(m) + 1) for c in combinations(m, size)]
+        order = list(m)
+        random.Random(f"car-ray/chain/{seed // 2}").shuffle(order)
+        if seed % 2:
+            order.reverse()
+        return [frozenset(order[: i + 1]) for i in range(len(order))]
+
+    def observe(self, seed: int, coalition: frozenset[int], flipped: bool | None) -> None:
+        if flipped is None:
+            self.failed.add(seed)
+            return
+        self.values.setdefault(seed, {})[coalition] = float(flipped)
+
+    def complete_seeds(self) -> list[int]:
+        return sorted(
+            s
+            for s, got in self.values.items()
+            if s not in self.failed and len(got) == len(self.coalitions(s))
+        )
+
+    def _per_seed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """phi_s, necessity_s and sufficiency_s, one row a complete seed."""
+        seeds = self.complete_seeds()
+        m = self.candidates
+        phi = np.zeros((len(seeds), len(m)))
+        nec = np.full((len(seeds), len(m)), np.nan)
+        suf = np.full((len(seeds), len(m)), np.nan)
+        everyone = frozenset(m)
+        for r, s in enumerate(seeds):
+            f = dict(self.values[s])
+            f[frozenset()] = 0.0  # nothing re-drawn: the recorded run, which never flips
+            if self.exact:
+                shap = exact_shapley(f, m)
+                phi[r] = [shap[k] for k in m]
+                nec[r] = [f[frozenset({k})] for k in m]
+                suf[r] = [1.0 - f[everyone - {k}] for k in m]
+            else:
+                before = frozenset[int]()
+                for coalition in self.coalitions(s):
+                    (k,) = coalition - before
+                    phi[r, m.index(k)] = f[coalition] - f[before]
+                    before = coalition
+        return phi, nec, suf
+
+    def estimates(self) -> dict[int, tuple[Interval, Interval, Interval]]:
+        """Per candidate: phi, necessity and sufficiency, each with its interval."""
+        phi, nec, suf = self._per_seed()
+        n = phi.shape[0]
+        out: dict[int, tuple[Interval, Interval, Interval]] = {}
+        for j, k in enumerate(self.candidates):
+            out[k] = (
+                mean_interval(phi[:, j], self.alpha, low=-1.0, high=1.0),
+                _proportion(nec[:, j], self.alpha, n),
+                _proportion(suf[:, j], self.alpha, n),
+            )
+        return out
+
+    def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
+        """('separated', top) when the top step(s) are apart from every other step,
+        ('precise', top) when every interval is within the target, None while neither holds.
+
+        The top is the leader by mean phi and every candidate the data cannot tell from it
+        (the two halves of an AND, say). Separation is judged on paired differences: with
+        one seed shared by every coalition, phi_s(leader) - phi_s(j) varies far less than
+        either phi_s, so the pairs separate with fewer seeds than the two intervals would
+        (a t interval per pair at alpha / (m - 1), Bonferroni over the m - 1 rivals). The
+        steps the screen cleared have phi 0: the top must also lie above 0."""
+        if not self.candidates:
+            return "separated", []
+        if len(self.complete_seeds()) < MIN_SEEDS:
+            return None
+        phi, _, _ = self._per_seed()
+        m = self.candidates
+        means = phi.mean(axis=0)
+        lead = int(np.argmax(means))
+        pair_alpha = self.alpha / max(1, len(m) - 1)
+
+        def apart(i: int, j: int) -> bool:
+            d = mean_interval(phi[:, i] - phi[:, j], pair_alpha, low=-2.0, high=2.0)
+            return d.low is not None and d.low > 0
+
+        top = [j for j in range(len(m)) if j == lead or not apart(lead, j)]
+        rest = [j for j in range(len(m)) if j not in top]
+        own = [mean_interval(phi[:, j], self.alpha, low=-1.0, high=1.0) for j in range(len(m))]
+        above_zero = all((own[j].low or 0.0) > 0 for j in top)
+        if above_zero and all(apart(i, j) for i in top for j in rest):
+            return "separated", [m[j] for j in top]
+        if all(e.half_width <= target_half_width for e in own):
+            return "precise", [m[j] for j in top]
+        return None
+
+
+def mean_interval(
+    values: np.ndarray, alpha: float, *, low: float, high: float, scale: float = 1.0
+) -> Interval:
+    """The mean of independent draws bounded in [low, high] with a t interval, widened (in
+    quadrature) by the Wilson margin scale * z^2 / (n + z^2), so that n identical draws never
+    give a zero-width interval: for 0/1 draws (scale 1) that is the distance Wilson's
+    interval keeps from an observed 0 or 1."""
+    x = values[~np.isnan(values)]
+    n = int(x.size)
+    if n == 0:
+        return Interval(None, None, None, 0)
+    mean = float(x.mean())
+    if n < 2:
+        return Interval(mean, low, high, n)
+    z = float(norm.ppf(1 - alpha / 2))
+    spread = float(t.ppf(1 - alpha / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+    floor = scale * z * z / (n + z * z)
+    half = math.hypot(spread, floor)
+    return Interval(mean, max(low, mean - half), min(high, mean + half), n)
+
+
+def _proportion(values: np.ndarray, alpha: float, n: int) -> Interval:
+    x = values[~np.isnan(values)]
+    if x.size == 0:
+        return Interval(None, None, None, 0)
+    lo, hi = wilson(float(x.sum()), int(x.size), alpha)
+    return Interval(float(x.mean()), lo, hi, int(x.size))
+
+
+def ranked(items: Iterable[tuple[int, float | None]]) -> list[int]:
+    """Steps by value, highest first; unmeasured last; ties by step."""
+    return [
+        k
+        for k, _ in sorted(
+            items, key=lambda kv: (kv[1] is None, -(kv[1] if kv[1] is not None else 0.0), kv[0])
+        )
+    ]
