@@ -464,6 +464,47 @@ def truth_cmd(
     )
 
 
+@app.command("validate")
+def validate_cmd(
+    job_files: Annotated[
+        list[Path] | None, typer.Argument(help="scenario job files (default: jobs/*/job.toml)")
+    ] = None,
+    forks_per_step: Annotated[
+        int, typer.Option(help="each scenario's fork cap, per step of its tape")
+    ] = 10,
+    seed: Annotated[int, typer.Option(help="the attributions' seed")] = 0,
+    min_coverage: Annotated[
+        float, typer.Option(help="--check fails below this share of exact values covered")
+    ] = 0.9,
+    check: Annotated[
+        bool, typer.Option("--check", help="exit 1 if a scenario fails or coverage is low")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+) -> None:
+    """Every scenario through the real runner (embedded Ray, Parquet), scored against its
+    exact values: top cause, negative controls, interval coverage."""
+    from .validate import dumps, suite, summary, validate
+
+    paths = job_files or suite()
+    if not paths:
+        raise _fail("no scenario job files: pass some, or run from the repo (jobs/*/job.toml)")
+    jobs = [_job(p).path for p in paths]
+    checks = validate(jobs, forks_per_step=forks_per_step, seed=seed, console=err)
+    result = summary(checks)
+    if as_json:
+        print(dumps(checks))
+    else:
+        coverage = result["coverage"]
+        console.print(
+            f"{result['passed']} of {result['scenarios']} scenarios passed; "
+            f"{result['covered']}/{result['checked']} exact values covered "
+            f"({'—' if coverage is None else f'{coverage:.1%}'}); {result['forks']} forks"
+        )
+    low = result["coverage"] is not None and result["coverage"] < min_coverage
+    if check and (result["passed"] < result["scenarios"] or low):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

@@ -59,10 +59,10 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
     assert info is not None and info["status"] == outcome.status
     assert info["ledger"]["spent"]["forks"] == len(rows)
     assert info["ledger"]["spent"]["forks"] <= 3000
-    # A restarted driver reads the Shapley candidates back from job.json.
-    assert info["shapley_candidates"] == sorted(
-        r["step"] for r in outcome.attribution if r["phi"] is not None
-    )
+    # The Shapley candidates (the steps the screen saw make choices) are in job.json and
+    # are the ranked re-drawn steps: the decision and the policy check before it.
+    ranked = [r for r in outcome.attribution if r["intervention"] == "resample" and r["rank"]]
+    assert info["shapley_candidates"] == sorted(r["step"] for r in ranked) == [2, 4]
     # DuckDB reads the output as it is.
     forks = duckdb.sql(f"select count(*) from read_parquet('{folder}/forks/*.parquet')")
     assert forks.fetchall() == [(len(rows),)]
@@ -77,7 +77,8 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
 def test_a_restarted_job_keeps_the_shapley_candidates_in_its_job_json(
     tmp_path: Path, support_tape: Tape
 ) -> None:
-    job = _job(tmp_path, support_tape)
+    # The pinned-text coalition game (method "shapley") chooses candidates by flip-rate.
+    job = _job(tmp_path, support_tape, method="shapley")
     # As a first run killed before its first Shapley fork left it: the candidates it chose
     # (steps the demo's flip-rates would not pick) and no Shapley row.
     write_job_json(tmp_path, job_id_of(job, support_tape), {"shapley_candidates": [0, 6]})

@@ -1,0 +1,203 @@
+"""`car-ray validate`: every scenario through the real runner (Ray, Parquet, the code path a
+user hits), scored against its exact values.
+
+Per scenario: the top cause right (the engine's rank-1 re-drawn step among the exact top,
+ties within `TIE` of the exact best; for a scenario with nothing to blame, no step's phi
+interval above 0), the other arms' rank 1 among their exact best, the negative control
+passed, and how many exact values (phi, necessity, sufficiency of every step; flip of every
+other arm) lie in the engine's intervals."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from ._aio import run as run_loop
+from ._scenario import ensure_tape
+from .job import Job, load_job
+from .truth import Truth, solve
+
+TIE = 0.05  # exact phi this close to the best counts as a top cause too
+SLACK = 1e-9
+
+
+@dataclass
+class ScenarioCheck:
+    name: str
+    steps: int
+    forks: int
+    status: str
+    top_exact: list[int]
+    top_found: int | None
+    top_ok: bool
+    arms_ok: bool
+    control_ok: bool
+    covered: int
+    checked: int
+    misses: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return self.top_ok and self.arms_ok and self.control_ok
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "passed": self.passed}
+
+
+def suite(root: Path = Path("jobs")) -> list[Path]:
+    """Every scenario job under `root`: a job.toml whose job has a simulated policy."""
+    out = []
+    for path in sorted(root.glob("*/job.toml")):
+        if load_job(path).spec.policy is not None:
+            out.append(path)
+    return out
+
+
+def _inside(value: float, lo: Any, hi: Any) -> bool:
+    return lo is not None and hi is not None and lo - SLACK <= value <= hi + SLACK
+
+
+def score(
+    name: str,
+    truth: Truth,
+    attribution: list[dict[str, Any]],
+    notes: list[str],
+    forks: int,
+    status: str,
+    steps: int,
+) -> ScenarioCheck:
+    """One scenario's checks: the engine's table against the exact values."""
+    best = max((s.phi for s in truth.steps), default=0.0)
+    nothing = best <= SLACK
+    top_exact = [s.step for s in truth.steps if not nothing and s.phi >= best - TIE]
+    resample = {r["step"]: r for r in attribution if r["intervention"] == "resample"}
+    first = next((r["step"] for r in resample.values() if r["rank"] == 1), None)
+    if nothing:
+        top_ok = all((r["phi_lo"] or 0.0) <= SLACK for r in resample.values())
+    else:
+        top_ok = first in top_exact
+    covered = checked = 0
+    misses: list[str] = []
+
+    def check(label: str, exact: float, lo: Any, hi: Any) -> None:
+        nonlocal covered, checked
+        if lo is None:
+            return
+        checked += 1
+        if _inside(exact, lo, hi):
+            covered += 1
+        else:
+            misses.append(f"{label}: exact {exact:.3f} not in [{lo:.3f}, {hi:.3f}]")
+
+    for k, r in resample.items():
+        s = truth.step(k)
+        check(f"phi@{k}", s.phi, r["phi_lo"], r["phi_hi"])
+        check(f"necessity@{k}", s.necessity, r["necessity_lo"], r["necessity_hi"])
+        check(f"sufficiency@{k}", s.sufficiency, r["sufficiency_lo"], r["sufficiency_hi"])
+    arms_ok = True
+    for kind in {r["intervention"] for r in attribution} - {"resample"}:
+        rows = [r for r in attribution if r["intervention"] == kind]
+        for r in rows:
+            arm = truth.arm(kind, r["step"])
+            if arm is not None:
+                check(f"{kind}@{r['step']}", arm.flip, r["flip_lo"], r["flip_hi"])
+        exact = {a.step: a.flip for a in truth.arms if a.kind == kind}
+        top = max(exact.values(), default=0.0)
+        ranked_first = next((r["step"] for r in rows if r["rank"] == 1), None)
+        found = exact.get(ranked_first, -1.0) if ranked_first is not None else -1.0
+        if top > SLACK and found < top - TIE:
+            arms_ok = False
+            misses.append(f"{kind}: rank 1 is step {ranked_first}, exact best {exact}")
+    control_ok = not any("NEGATIVE CONTROL FAILED" in n for n in notes)
+    return ScenarioCheck(
+        name,
+        steps,
+        forks,
+        status,
+        top_exact,
+        first,
+        top_ok,
+        arms_ok,
+        control_ok,
+        covered,
+        checked,
+        misses,
+    )
+
+
+def validate(
+    job_files: Sequence[Path],
+    *,
+    forks_per_step: int = 10,
+    seed: int = 0,
+    out: str | None = None,
+    console: Console | None = None,
+) -> list[ScenarioCheck]:
+    """Attribute every scenario on an embedded Ray at `forks_per_step` forks a step and
+    score it against its exact values."""
+    from .attribute import attribute
+
+    console = console or Console()
+    quiet = Console(file=open("/dev/null", "w"), width=120)  # noqa: SIM115 - closed below
+    checks: list[ScenarioCheck] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="car-ray-validate-") as scratch:
+            for path in job_files:
+                job = load_job(path)
+                job = Job(job.path, job.spec.model_copy(update={"attribution_seed": seed}))
+                tape = ensure_tape(job, on_record=console.print)
+                truth = run_loop(solve(job, tape))
+                _, outcome = attribute(
+                    job,
+                    tape=tape,
+                    out=out or scratch,
+                    max_forks=forks_per_step * len(tape.steps),
+                    max_usd=None,
+                    console=quiet,
+                )
+                check = score(
+                    job.folder.name,
+                    truth,
+                    outcome.attribution,
+                    outcome.notes,
+                    outcome.progress.spent.forks,
+                    outcome.status,
+                    len(tape.steps),
+                )
+                checks.append(check)
+                verdict = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
+                console.print(
+                    f"{verdict} {check.name}: {check.steps} steps, {check.forks} forks "
+                    f"({check.status}); top exact {check.top_exact or 'none'}, found "
+                    f"{check.top_found}; covered {check.covered}/{check.checked}"
+                    + ("" if check.control_ok else "; NEGATIVE CONTROL FAILED")
+                )
+                for miss in check.misses:
+                    console.print(f"    {miss}", markup=False)
+    finally:
+        quiet.file.close()
+    return checks
+
+
+def summary(checks: Sequence[ScenarioCheck]) -> dict[str, Any]:
+    covered = sum(c.covered for c in checks)
+    checked = sum(c.checked for c in checks)
+    return {
+        "scenarios": len(checks),
+        "passed": sum(c.passed for c in checks),
+        "coverage": covered / checked if checked else None,
+        "covered": covered,
+        "checked": checked,
+        "forks": sum(c.forks for c in checks),
+        "checks": [c.as_dict() for c in checks],
+    }
+
+
+def dumps(checks: Sequence[ScenarioCheck]) -> str:
+    return json.dumps(summary(checks), indent=2)
