@@ -3,6 +3,17 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 
 from __future__ import annotations
 
+from ._local import MemorySink, run_local
 from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
 
-__all__ = ["ArmTruth", "BranchingTooLarge", "Solver", "StepTruth", "Truth", "sim_runner", "solve"]
+__all__ = [
+    "ArmTruth",
+    "BranchingTooLarge",
+    "MemorySink",
+    "Solver",
+    "StepTruth",
+    "Truth",
+    "run_local",
+    "sim_runner",
+    "solve",
+]

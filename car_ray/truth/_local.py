@@ -1,0 +1,55 @@
+"""One attribution job in this process: the scheduler's stages, estimators and budget over a
+`LocalExecutor` whose forks the simulated provider answers in process. Statistics only (no
+Ray, no Parquet): for `bench`, which runs hundreds of jobs to measure accuracy per fork."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..execute import LocalExecutor
+from ..job import Job
+from ..providers import PriceTable
+from ..schedule import Budget, JobOutcome, Scheduler, job_id_of
+from ..tape import Tape
+from ._solver import sim_runner
+
+
+class MemorySink:
+    """Keeps rows in a list; refuses a task id it already holds (as the Parquet sink does)."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._ids: set[str] = set()
+
+    def add(self, row: dict[str, Any]) -> bool:
+        if row["task_id"] in self._ids:
+            return False
+        self._ids.add(row["task_id"])
+        self.rows.append(row)
+        return True
+
+    def maybe_flush(self) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None
+
+
+def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[dict[str, Any]]]:
+    """Run `job` on `tape` under `budget` in this process: its outcome and every fork row."""
+    executor = LocalExecutor(sim_runner(job, tape))
+    sink = MemorySink()
+    try:
+        scheduler = Scheduler(
+            job,
+            tape,
+            job_id=job_id_of(job, tape),
+            executor=executor,
+            sink=sink,
+            budget=budget,
+            prices=PriceTable.load(None),
+        )
+        outcome = scheduler.run()
+    finally:
+        executor.shutdown()
+    return outcome, sink.rows
