@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Iterator
@@ -10,6 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import structlog
 import typer
 from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
@@ -41,6 +43,19 @@ console = Console(width=_WIDTH)
 err = Console(stderr=True, width=_WIDTH)
 T = TypeVar("T")
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
+
+
+@app.callback()
+def _quiet_logs(
+    verbose: Annotated[bool, typer.Option("--verbose", help="log every fork's events")] = False,
+) -> None:
+    """Logs go to stderr, warnings and worse unless --verbose: a fork's events (a blocked
+    effect, a divergence) are in its row, not in the command's output."""
+    level = logging.INFO if verbose else logging.WARNING
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -427,11 +427,13 @@ class Scheduler:
             self.notes.append(check["divergence"])
             return self._finish()
         if self.spec.method == "auto":
+            # The other arms first: with a seed-honouring provider each is one exact fork,
+            # and Shapley may spend whatever the budget has left.
             out_of_budget = (
                 self._held_control()
+                or self._held_arms()
                 or self._deviation_screen()
                 or self._seed_shapley()
-                or self._held_arms()
             )
             self.status = "budget_exhausted" if out_of_budget else "complete"
             return self._finish()
