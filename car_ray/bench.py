@@ -1,0 +1,725 @@
+"""`car-ray bench`: accuracy against budget, car-ray's adaptive scheduler against uniform
+allocation, on every scenario whose exact values are known.
+
+For each scenario job (a simulated policy: `validate.suite()` by default) the exact values
+are enumerated once (`truth.solve`). Then, for every budget of a log grid (F forks a step of
+the tape: F in 1, 2, 4, 8, 16; `--quick`: 1, 4, 16; a budget is at most `max_budget`
+forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one attribution job runs
+in this process (`truth.run_local`, no Ray) under `Budget(max_forks=budget)`, four ways:
+
+  auto            car-ray's adaptive scheduler (method "auto": screen, Shapley on the held
+                  game one seed at a time, the other arms with a held tail); it stops when
+                  the top cause is separated or its intervals are precise, or at the cap;
+  uniform-live    method "uniform": k = budget // arms forks (at least 1) of every arm, each
+                  with a live tail (everything after the intervention re-drawn);
+  uniform-pinned  the same with a pinned tail (later model calls answered from the tape
+                  while the run stays on it);
+  uniform-held    the same with a held tail (later steps keep their mechanism: the game
+                  auto measures).
+
+auto also runs once a seed with no cap at all (`Budget()`: the scheduler's own default of
+10 forks a step), to see what a user gets by default and whether it stopped on its own.
+
+Definitions (also in the printed tables):
+
+- exact top set: the steps whose exact phi is within `validate.TIE` of the best exact phi;
+  empty when every exact phi is ~0 (the negative control).
+- top-1: the resample row a scheme ranks 1 (auto ranks by phi, uniform by flip-rate). It is
+  correct when that step is in the exact top set AND its ranked value is strictly above that
+  of every step outside the top set (a tie with a step outside cannot be told apart by a
+  user: it counts as wrong). For the negative control, correct means nothing is blamed: no
+  resample row has phi_lo > 0 (auto), no resample fork flipped (uniform).
+- phi MAE: mean over resample rows with a phi of |phi - exact phi| (auto only).
+- coverage: how many exact values lie in the row's interval, counted by `validate.score`
+  (phi, necessity and sufficiency of resample rows, the flip of every other arm against its
+  exact held-tail flip); for uniform schemes only the other arms have such intervals.
+- phi width: the mean width phi_hi - phi_lo over the steps Shapley measured (ranked rows;
+  steps the screen cleared carry a [0, 0] interval and are left out).
+- fewest forks: the mean forks used at the smallest budget of the grid whose top-1 accuracy
+  over the seeds is at least 0.95 ("never" if none).
+- stopped on its own (default runs): auto's Shapley note says "separated" or "precise", or
+  that no step makes a choice (the negative control), rather than that the budget ended.
+
+Every run is a row of `accuracy.parquet`; `accuracy.png` plots, per scenario, top-1 accuracy
+against mean forks used, one line per scheme. Runs go to `processes` worker processes (each
+runs whole attribution jobs); the exact values are computed in the same pool.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from statistics import mean, median
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from rich.console import Console
+from rich.table import Table
+
+from .job import Job, load_job
+from .schedule import Budget, job_arms
+from .truth import Truth
+from .validate import SLACK, TIE, score, suite
+
+Scheme = Literal["auto", "uniform-live", "uniform-pinned", "uniform-held"]
+SCHEMES: tuple[Scheme, ...] = ("auto", "uniform-live", "uniform-pinned", "uniform-held")
+FORKS_PER_STEP = (1, 2, 4, 8, 16)
+QUICK_FORKS_PER_STEP = (1, 4, 16)
+SEEDS = 20
+QUICK_SEEDS = 5
+# A budget is at most this many forks: the 65-step tape's forks cost ~0.5 s each, so its
+# uniform schemes at 16 forks a step (1040 forks a run) would take hours over the seeds.
+MAX_BUDGET = 256
+# Tapes longer than this run fewer seeds (LONG_SEEDS at most): one seed of the four schemes
+# over the grid on the 65-step tape is ~5 minutes of forks.
+LONG_STEPS = 32
+LONG_SEEDS = 4
+QUICK_LONG_SEEDS = 1
+ACCURATE = 0.95  # top-1 accuracy that counts as "reaches the right answer"
+DEFAULT_OUT = Path("benchmarks/results")
+
+SCHEMA = pa.schema(
+    [
+        pa.field("scenario", pa.string(), nullable=False),
+        pa.field("scheme", pa.string(), nullable=False),
+        # The grid point (forks a step of the tape) and its cap; both null for the default run.
+        pa.field("forks_per_step", pa.int32()),
+        pa.field("budget", pa.int64()),
+        pa.field("default_budget", pa.bool_(), nullable=False),
+        pa.field("uniform_k", pa.int32()),  # uniform schemes: forks of every arm
+        pa.field("seed", pa.int32(), nullable=False),
+        pa.field("steps", pa.int32(), nullable=False),
+        pa.field("arms", pa.int32(), nullable=False),
+        pa.field("forks", pa.int64(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),
+        pa.field("top_exact", pa.list_(pa.int32()), nullable=False),
+        pa.field("top1", pa.int32()),
+        pa.field("top1_correct", pa.bool_(), nullable=False),
+        pa.field("phi_mae", pa.float64()),
+        pa.field("covered", pa.int32(), nullable=False),
+        pa.field("checked", pa.int32(), nullable=False),
+        pa.field("phi_width", pa.float64()),
+        # auto: how Shapley ended (separated, precise, nothing, budget; null if it never ran)
+        pa.field("verdict", pa.string()),
+        pa.field("stopped", pa.bool_()),
+        pa.field("control_ok", pa.bool_(), nullable=False),
+        pa.field("wall_s", pa.float64(), nullable=False),
+        pa.field("error", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One attribution job: a scenario, a scheme, a cap (None: the scheduler's default)."""
+
+    job_file: str
+    scenario: str
+    scheme: Scheme
+    forks_per_step: int | None
+    budget: int | None
+    uniform_k: int | None
+    seed: int
+    cost: float  # an estimate in forks x steps, to hand out the longest first
+
+
+@dataclass(frozen=True)
+class Result:
+    task: Task
+    forks: int
+    status: str
+    attribution: list[dict[str, Any]]
+    notes: list[str]
+    wall_s: float
+    error: str | None
+
+
+# -- in the worker processes ------------------------------------------------------------------
+
+_loaded: dict[str, tuple[Job, Any]] = {}
+
+
+def _quiet() -> None:
+    """A worker's logs: warnings and worse, to stderr (as the command line sets them)."""
+    import structlog
+
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+def _job_and_tape(job_file: str) -> tuple[Job, Any]:
+    from ._scenario import ensure_tape
+
+    if job_file not in _loaded:
+        job = load_job(job_file)
+        _loaded[job_file] = (job, ensure_tape(job))
+    return _loaded[job_file]
+
+
+def _solve(job_file: str) -> str:
+    """The scenario's exact values, as JSON (`Truth.model_dump_json`)."""
+    from ._aio import run as run_loop
+    from .truth import solve
+
+    job, tape = _job_and_tape(job_file)
+    return run_loop(solve(job, tape)).model_dump_json()
+
+
+def _run(task: Task) -> Result:
+    from .truth import run_local
+
+    job, tape = _job_and_tape(task.job_file)
+    update: dict[str, Any] = {"attribution_seed": task.seed}
+    if task.scheme == "auto":
+        update["method"] = "auto"
+    else:
+        update.update(
+            method="uniform",
+            uniform_tail=task.scheme.removeprefix("uniform-"),
+            forks_per_step=task.uniform_k,
+        )
+    job = Job(job.path, job.spec.model_copy(update=update))
+    budget = Budget() if task.budget is None else Budget(max_forks=task.budget)
+    began = time.perf_counter()
+    try:
+        outcome, _ = run_local(job, tape, budget)
+    except Exception as exc:  # one broken run is a row, not the end of the benchmark
+        return Result(task, 0, "error", [], [], time.perf_counter() - began, repr(exc))
+    return Result(
+        task,
+        outcome.progress.spent.forks,
+        outcome.status,
+        outcome.attribution,
+        outcome.notes,
+        time.perf_counter() - began,
+        None,
+    )
+
+
+# -- scoring ------------------------------------------------------------------------------------
+
+
+def top_exact(truth: Truth) -> list[int]:
+    """The exact top set: every step within TIE of the best exact phi (none if all ~0)."""
+    best = max((s.phi for s in truth.steps), default=0.0)
+    if best <= SLACK:
+        return []
+    return [s.step for s in truth.steps if s.phi >= best - TIE]
+
+
+def top1(scheme: str, attribution: list[dict[str, Any]], top: Sequence[int]) -> tuple[int | None, bool]:
+    """The step a scheme ranks 1 among the resample rows, and whether that is right (see the
+    module's definitions)."""
+    key = "phi" if scheme == "auto" else "flip_rate"
+    resample = [r for r in attribution if r["intervention"] == "resample"]
+    first = next((r for r in resample if r["rank"] == 1), None)
+    if not top:
+        if scheme == "auto":
+            nothing = all((r["phi_lo"] or 0.0) <= SLACK for r in resample)
+        else:
+            nothing = all((r["flip_rate"] or 0.0) <= SLACK for r in resample)
+        return (None if first is None else int(first["step"])), nothing
+    if first is None or first[key] is None:
+        return None, False
+    value = float(first[key])
+    ahead = all(
+        r[key] is None or float(r[key]) < value - SLACK for r in resample if r["step"] not in top
+    )
+    return int(first["step"]), first["step"] in top and ahead
+
+
+def _verdict(notes: Iterable[str]) -> str | None:
+    for note in notes:
+        if not note.startswith("shapley:"):
+            continue
+        if "separated" in note:
+            return "separated"
+        if "precise" in note:
+            return "precise"
+        if "no step makes a choice" in note:
+            return "nothing"
+        return "budget"
+    return None
+
+
+def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any]:
+    """One run as a row of accuracy.parquet."""
+    task = result.task
+    top = top_exact(truth)
+    found, correct = top1(task.scheme, result.attribution, top)
+    check = score(
+        task.scenario,
+        truth,
+        result.attribution,
+        result.notes,
+        result.forks,
+        result.status,
+        steps,
+    )
+    resample = [r for r in result.attribution if r["intervention"] == "resample"]
+    errors = [abs(r["phi"] - truth.step(r["step"]).phi) for r in resample if r["phi"] is not None]
+    widths = [
+        r["phi_hi"] - r["phi_lo"]
+        for r in resample
+        if r["rank"] is not None and r["phi_lo"] is not None and r["phi_hi"] is not None
+    ]
+    verdict = _verdict(result.notes) if task.scheme == "auto" else None
+    return {
+        "scenario": task.scenario,
+        "scheme": task.scheme,
+        "forks_per_step": task.forks_per_step,
+        "budget": task.budget,
+        "default_budget": task.budget is None,
+        "uniform_k": task.uniform_k,
+        "seed": task.seed,
+        "steps": steps,
+        "arms": arms,
+        "forks": result.forks,
+        "status": result.status,
+        "top_exact": top,
+        "top1": found,
+        "top1_correct": correct and result.error is None,
+        "phi_mae": mean(errors) if errors and task.scheme == "auto" else None,
+        "covered": check.covered,
+        "checked": check.checked,
+        "phi_width": mean(widths) if widths else None,
+        "verdict": verdict,
+        "stopped": None if task.scheme != "auto" else verdict in ("separated", "precise", "nothing"),
+        "control_ok": check.control_ok,
+        "wall_s": round(result.wall_s, 4),
+        "error": result.error,
+    }
+
+
+# -- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    job_file: str
+    steps: int
+    arms: int
+    seeds: int
+    grid: list[tuple[int, int]]  # (forks a step, budget), budgets distinct and increasing
+
+
+def plan_scenario(
+    job_file: Path, grid: Sequence[int], seeds: int, long_seeds: int, max_budget: int | None
+) -> Scenario:
+    from ._scenario import ensure_tape
+
+    job = load_job(job_file)
+    tape = ensure_tape(job)
+    steps, arms = len(tape.steps), len(job_arms(job, tape))
+    points: list[tuple[int, int]] = []
+    for f in sorted(grid):
+        budget = f * steps if max_budget is None else min(f * steps, max_budget)
+        if not points or budget > points[-1][1]:
+            points.append((f, budget))
+    n = seeds if steps <= LONG_STEPS else min(seeds, long_seeds)
+    return Scenario(job.folder.name, str(job_file), steps, arms, n, points)
+
+
+def tasks_of(s: Scenario) -> list[Task]:
+    out = []
+    for seed in range(s.seeds):
+        out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, 10.0 * s.steps**2))
+        for f, budget in s.grid:
+            for scheme in SCHEMES:
+                k = None if scheme == "auto" else max(1, budget // s.arms)
+                out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, budget * s.steps))
+    return out
+
+
+def _pool_map(
+    processes: int,
+    solve_files: Sequence[str],
+    tasks: Sequence[Task],
+    on_result: Callable[[Result], None],
+) -> dict[str, str]:
+    """Run the exact solves and the tasks on `processes` processes (in this one if 1); the
+    solves' JSON by job file."""
+    truths: dict[str, str] = {}
+    if processes <= 1:
+        for path in solve_files:
+            truths[path] = _solve(path)
+        for task in tasks:
+            on_result(_run(task))
+        return truths
+    context = multiprocessing.get_context("spawn")  # no fork of a process with threads
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_quiet) as pool:
+        solving = {pool.submit(_solve, path): path for path in solve_files}
+        running: list[Future[Result]] = [
+            pool.submit(_run, task) for task in sorted(tasks, key=lambda t: -t.cost)
+        ]
+        for future in as_completed(running):
+            on_result(future.result())
+        for solved, path in solving.items():
+            truths[path] = solved.result()
+    return truths
+
+
+# -- the summary --------------------------------------------------------------------------------
+
+
+def _accuracy(rows: Sequence[dict[str, Any]]) -> float:
+    return sum(bool(r["top1_correct"]) for r in rows) / len(rows)
+
+
+def _mean_forks(rows: Sequence[dict[str, Any]]) -> float:
+    return mean(float(r["forks"]) for r in rows)
+
+
+def _cells(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """Grid runs by (scenario, scheme, budget)."""
+    cells: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if not r["default_budget"]:
+            cells[(r["scenario"], r["scheme"], r["budget"])].append(r)
+    return cells
+
+
+def fewest_forks(
+    rows: Sequence[dict[str, Any]], scenario: str, scheme: str, budgets: Sequence[int]
+) -> float | None:
+    """Mean forks used at the smallest budget whose top-1 accuracy is at least ACCURATE."""
+    cells = _cells(rows)
+    for budget in sorted(budgets):
+        cell = cells.get((scenario, scheme, budget))
+        if cell and _accuracy(cell) >= ACCURATE:
+            return _mean_forks(cell)
+    return None
+
+
+@dataclass
+class Summary:
+    fewest: dict[tuple[str, str], float | None]
+    best_uniform: dict[str, str | None]
+    ratios: dict[str, float | None]
+    median_ratio: float | None
+    coverage: float | None
+    covered: int
+    checked: int
+    phi_width: float | None
+
+
+def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> Summary:
+    fewest: dict[tuple[str, str], float | None] = {}
+    best_uniform: dict[str, str | None] = {}
+    ratios: dict[str, float | None] = {}
+    for s in scenarios:
+        budgets = [b for _, b in s.grid]
+        for scheme in SCHEMES:
+            fewest[(s.name, scheme)] = fewest_forks(rows, s.name, scheme, budgets)
+        reached = [
+            (value, scheme)
+            for scheme in SCHEMES[1:]
+            if (value := fewest[(s.name, scheme)]) is not None
+        ]
+        best = min(reached) if reached else None
+        best_uniform[s.name] = None if best is None else best[1]
+        auto = fewest[(s.name, "auto")]
+        ratios[s.name] = None if best is None or auto is None else auto / max(best[0], 1e-9)
+    known = [r for r in ratios.values() if r is not None]
+    auto_rows = [r for r in rows if r["scheme"] == "auto" and not r["default_budget"]]
+    covered = sum(int(r["covered"]) for r in auto_rows)
+    checked = sum(int(r["checked"]) for r in auto_rows)
+    widths = [float(r["phi_width"]) for r in auto_rows if r["phi_width"] is not None]
+    return Summary(
+        fewest,
+        best_uniform,
+        ratios,
+        median(known) if known else None,
+        covered / checked if checked else None,
+        covered,
+        checked,
+        mean(widths) if widths else None,
+    )
+
+
+DEFINITIONS = (
+    f"top-1 correct: the rank-1 resample step (auto: by phi; uniform: by flip-rate) is in the "
+    f"exact top set (exact phi within {TIE} of the best) and strictly ahead of every step "
+    "outside it (a tie counts as wrong); negative control: nothing blamed (auto: no phi_lo > "
+    "0; uniform: no fork flipped). Cell: accuracy over the seeds (mean forks used)."
+)
+
+
+def accuracy_tables(
+    rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]
+) -> Iterator[Table]:
+    cells = _cells(rows)
+    levels = sorted({f for s in scenarios for f, _ in s.grid})
+    for scheme in SCHEMES:
+        table = Table(
+            title=f"{scheme}: top-1 accuracy by budget (forks a step of the tape)",
+            caption=DEFINITIONS,
+            title_justify="left",
+            caption_justify="left",
+        )
+        table.add_column("F", justify="right")
+        for s in scenarios:
+            table.add_column(f"{s.name}\n{s.steps} st, {s.seeds} seeds", justify="right")
+        for f in levels:
+            line = [str(f)]
+            for s in scenarios:
+                budget = dict(s.grid).get(f)
+                cell = cells.get((s.name, scheme, budget)) if budget is not None else None
+                if not cell:
+                    line.append("—")
+                    continue
+                acc = _accuracy(cell)
+                text = f"{acc:.2f} ({_mean_forks(cell):.0f})"
+                line.append(f"[green]{text}[/]" if acc >= ACCURATE else text)
+            table.add_row(*line)
+        yield table
+
+
+def _fmt(value: float | None, spec: str = ".0f", none: str = "never") -> str:
+    return none if value is None else format(value, spec)
+
+
+def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
+    table = Table(
+        title=f"fewest forks: mean forks used at the smallest budget with top-1 accuracy >= "
+        f"{ACCURATE} ('never': no budget on the grid)",
+        title_justify="left",
+    )
+    table.add_column("scenario")
+    for scheme in SCHEMES:
+        table.add_column(scheme, justify="right")
+    table.add_column("best uniform")
+    table.add_column("auto / best uniform", justify="right")
+    for s in scenarios:
+        best = summary.best_uniform[s.name]
+        table.add_row(
+            s.name,
+            *(_fmt(summary.fewest[(s.name, scheme)]) for scheme in SCHEMES),
+            best or "none",
+            _fmt(summary.ratios[s.name], ".2f", "—"),
+        )
+    return table
+
+
+def default_table(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> Table:
+    table = Table(
+        title="auto with no cap (the scheduler's default: 10 forks a step): forks a step used, "
+        "how often it stopped on its own (Shapley separated or precise, or nothing to blame)",
+        title_justify="left",
+    )
+    for column in ("scenario", "seeds", "forks/step", "stopped", "top-1", "coverage"):
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+    for s in scenarios:
+        runs = [r for r in rows if r["scenario"] == s.name and r["default_budget"]]
+        if not runs:
+            continue
+        checked = sum(int(r["checked"]) for r in runs)
+        table.add_row(
+            s.name,
+            str(len(runs)),
+            f"{_mean_forks(runs) / s.steps:.1f}",
+            f"{sum(bool(r['stopped']) for r in runs) / len(runs):.0%}",
+            f"{_accuracy(runs):.2f}",
+            f"{sum(int(r['covered']) for r in runs) / checked:.1%}" if checked else "—",
+        )
+    return table
+
+
+# -- output ---------------------------------------------------------------------------------------
+
+
+def write_parquet(path: Path, rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> None:
+    schema = SCHEMA.with_metadata({"config": json.dumps(config)})
+    table = pa.Table.from_pylist(list(rows), schema=schema)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> bool:
+    """Top-1 accuracy against mean forks used, a panel per scenario; False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cells = _cells(rows)
+    cols = min(4, max(1, len(scenarios)))
+    nrows = math.ceil(len(scenarios) / cols)
+    fig, axes = plt.subplots(
+        nrows, cols, figsize=(3.2 * cols, 2.6 * nrows), squeeze=False, sharey=True
+    )
+    markers = {"auto": "o", "uniform-live": "s", "uniform-pinned": "^", "uniform-held": "v"}
+    for i, s in enumerate(scenarios):
+        ax = axes[i // cols][i % cols]
+        for scheme in SCHEMES:
+            points = [
+                (_mean_forks(cell), _accuracy(cell))
+                for _, budget in s.grid
+                if (cell := cells.get((s.name, scheme, budget)))
+            ]
+            if points:
+                xs, ys = zip(*points, strict=True)
+                ax.plot(xs, ys, marker=markers[scheme], markersize=3, linewidth=1, label=scheme)
+        default = [r for r in rows if r["scenario"] == s.name and r["default_budget"]]
+        if default:
+            ax.plot(
+                [_mean_forks(default)], [_accuracy(default)], "k*", markersize=7, label="auto, no cap"
+            )
+        ax.set_xscale("log")
+        ax.set_ylim(-0.05, 1.05)
+        ax.axhline(ACCURATE, color="grey", linewidth=0.5, linestyle=":")
+        ax.set_title(f"{s.name} ({s.steps} steps, {s.seeds} seeds)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if i % cols == 0:
+            ax.set_ylabel("top-1 accuracy", fontsize=7)
+        if i // cols == nrows - 1:
+            ax.set_xlabel("mean forks used", fontsize=7)
+    for j in range(len(scenarios), nrows * cols):
+        axes[j // cols][j % cols].axis("off")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def main(
+    job_files: Sequence[Path] | None = None,
+    *,
+    quick: bool = False,
+    scenarios: Sequence[str] | None = None,
+    seeds: int | None = None,
+    forks_per_step: Sequence[int] | None = None,
+    max_budget: int | None = MAX_BUDGET,
+    long_seeds: int | None = None,
+    processes: int = 2,
+    out: Path = DEFAULT_OUT,
+    console: Console | None = None,
+) -> int:
+    """Accuracy against budget on the scenario suite (see the module docstring); writes
+    `out`/accuracy.parquet and `out`/accuracy.png. `scenarios` keeps the jobs whose folder
+    has one of these names; `seeds` is R (20, quick 5); `forks_per_step` the grid (1 2 4 8
+    16, quick 1 4 16), each budget at most `max_budget` forks (None: no cap); tapes longer
+    than 32 steps run at most `long_seeds` seeds (4, quick 1). 0 when every run ran, 1 if
+    one raised (its row says why) or there is nothing to run."""
+    console = console or Console()
+    began = time.perf_counter()
+    paths = list(job_files) if job_files else suite()
+    if scenarios:
+        wanted = set(scenarios)
+        paths = [p for p in paths if Path(p).parent.name in wanted]
+        missing = wanted - {Path(p).parent.name for p in paths}
+        if missing:
+            console.print(f"[bold red]no such scenario: {', '.join(sorted(missing))}")
+            return 1
+    if not paths:
+        console.print("[bold red]no scenario job files: pass some, or run from the repo")
+        return 1
+    r = seeds if seeds is not None else (QUICK_SEEDS if quick else SEEDS)
+    grid = list(forks_per_step or (QUICK_FORKS_PER_STEP if quick else FORKS_PER_STEP))
+    long_r = long_seeds if long_seeds is not None else (QUICK_LONG_SEEDS if quick else LONG_SEEDS)
+    plan = [plan_scenario(Path(p), grid, r, long_r, max_budget) for p in paths]
+    tasks = [t for s in plan for t in tasks_of(s)]
+    console.print(
+        f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es); "
+        f"seeds {r} ({long_r} for tapes over {LONG_STEPS} steps); forks a step {grid}, "
+        f"budgets at most {max_budget or 'any'} forks"
+    )
+    results: list[Result] = []
+    done_by: dict[str, int] = defaultdict(int)
+    total_by = {s.name: len(tasks_of(s)) for s in plan}
+
+    def on_result(result: Result) -> None:
+        results.append(result)
+        name = result.task.scenario
+        done_by[name] += 1
+        if result.error is not None:
+            console.print(f"[bold red]{name} {result.task.scheme} failed: {result.error}")
+        if done_by[name] == total_by[name]:
+            console.print(
+                f"  {name}: {total_by[name]} runs done ({time.perf_counter() - began:.0f} s)"
+            )
+
+    truth_json = _pool_map(processes, [s.job_file for s in plan], tasks, on_result)
+    truths = {path: Truth.model_validate_json(text) for path, text in truth_json.items()}
+    by_file = {s.job_file: s for s in plan}
+    rows = [
+        row_of(res, truths[res.task.job_file], by_file[res.task.job_file].steps,
+               by_file[res.task.job_file].arms)
+        for res in sorted(
+            results,
+            key=lambda x: (x.task.scenario, x.task.scheme, x.task.budget or 0, x.task.seed),
+        )
+    ]
+    for table in accuracy_tables(rows, plan):
+        console.print(table)
+    summary = summarize(rows, plan)
+    console.print(summary_table(summary, plan))
+    known = [v for v in summary.ratios.values() if v is not None]
+    console.print(
+        "median auto / best-uniform over the suite: "
+        + (
+            f"{summary.median_ratio:.2f} ({len(known)} of {len(plan)} scenarios where both "
+            "reach the accuracy)"
+            if summary.median_ratio is not None
+            else "— (no scenario where both reach the accuracy)"
+        )
+    )
+    console.print(
+        f"auto, every capped run: {summary.covered}/{summary.checked} exact values inside "
+        "their 95% intervals ("
+        + _fmt(summary.coverage, ".1%", "—")
+        + "); mean phi-interval width "
+        + _fmt(summary.phi_width, ".3f", "—")
+    )
+    console.print(default_table(rows, plan))
+    wall = time.perf_counter() - began
+    config: dict[str, Any] = {
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "scenarios": [s.name for s in plan],
+        "quick": quick,
+        "seeds": r,
+        "long_seeds": long_r,
+        "forks_per_step": grid,
+        "max_budget": max_budget,
+        "processes": processes,
+        "tie": TIE,
+        "accurate": ACCURATE,
+        "wall_s": round(wall, 1),
+        "cpu_count": os.cpu_count(),
+    }
+    parquet = out / "accuracy.parquet"
+    write_parquet(parquet, rows, config)
+    png = out / "accuracy.png"
+    plotted = write_plot(png, rows, plan)
+    console.print(
+        f"wrote {parquet}"
+        + (f" and {png}" if plotted else " (no plot: matplotlib is not installed)")
+        + f"; wall time {wall:.0f} s"
+    )
+    failed = sum(res.error is not None for res in results)
+    if failed:
+        console.print(f"[bold red]{failed} runs raised: see the 'error' column")
+    return 1 if failed else 0
