@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
@@ -153,13 +154,43 @@ def results_table(outcome: JobOutcome) -> Table:
             r["intervention"],
             str(r["rank"]),
             str(r["step"]),
-            r["label"],
+            escape(r["label"]),
             span(r["flip_rate"], r["flip_lo"], r["flip_hi"]) + f" {r['flip_n']}",
             span(r["phi"], r["phi_lo"], r["phi_hi"]),
             span(r["necessity"], r["necessity_lo"], r["necessity_hi"]),
             span(r["sufficiency"], r["sufficiency_lo"], r["sufficiency_hi"]),
         )
     return table
+
+
+def verdict(attribution: list[dict[str, Any]]) -> str:
+    """One line: the step to fix (rank 1 by blame among re-drawn steps, what happened there,
+    its phi and interval) and each other intervention kind's rank 1 by flip-rate."""
+
+    def span(v: Any, lo: Any, hi: Any) -> str:
+        return f"{v:.2f} [{lo:.2f}, {hi:.2f}]" if None not in (v, lo, hi) else "—"
+
+    parts: list[str] = []
+    for r in attribution:
+        if r["rank"] != 1:
+            continue
+        where = f"step {r['step']} ({r['label']})"
+        if r["intervention"] == "resample":
+            parts.insert(0, f"fix {where}: blame φ {span(r['phi'], r['phi_lo'], r['phi_hi'])}")
+        else:
+            flip = span(r["flip_rate"], r["flip_lo"], r["flip_hi"])
+            parts.append(f"{r['intervention']} at {where} flips it {flip}")
+    if not any(r["intervention"] == "resample" and r["rank"] for r in attribution):
+        measured = any(
+            r["intervention"] == "resample" and r["phi"] is not None for r in attribution
+        )
+        parts.insert(
+            0,
+            "no step to blame: re-drawing no step changed the run"
+            if measured
+            else "no step measured",
+        )
+    return "verdict: " + "; ".join(parts)
 
 
 def attribute(

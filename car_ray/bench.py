@@ -221,7 +221,9 @@ def top_exact(truth: Truth) -> list[int]:
     return [s.step for s in truth.steps if s.phi >= best - TIE]
 
 
-def top1(scheme: str, attribution: list[dict[str, Any]], top: Sequence[int]) -> tuple[int | None, bool]:
+def top1(
+    scheme: str, attribution: list[dict[str, Any]], top: Sequence[int]
+) -> tuple[int | None, bool]:
     """The step a scheme ranks 1 among the resample rows, and whether that is right (see the
     module's definitions)."""
     key = "phi" if scheme == "auto" else "flip_rate"
@@ -298,7 +300,9 @@ def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any
         "checked": check.checked,
         "phi_width": mean(widths) if widths else None,
         "verdict": verdict,
-        "stopped": None if task.scheme != "auto" else verdict in ("separated", "precise", "nothing"),
+        "stopped": None
+        if task.scheme != "auto"
+        else verdict in ("separated", "precise", "nothing"),
         "control_ok": check.control_ok,
         "wall_s": round(result.wall_s, 4),
         "error": result.error,
@@ -580,7 +584,11 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[S
         default = [r for r in rows if r["scenario"] == s.name and r["default_budget"]]
         if default:
             ax.plot(
-                [_mean_forks(default)], [_accuracy(default)], "k*", markersize=7, label="auto, no cap"
+                [_mean_forks(default)],
+                [_accuracy(default)],
+                "k*",
+                markersize=7,
+                label="auto, no cap",
             )
         ax.set_xscale("log")
         ax.set_ylim(-0.05, 1.05)
@@ -666,8 +674,12 @@ def main(
     truths = {path: Truth.model_validate_json(text) for path, text in truth_json.items()}
     by_file = {s.job_file: s for s in plan}
     rows = [
-        row_of(res, truths[res.task.job_file], by_file[res.task.job_file].steps,
-               by_file[res.task.job_file].arms)
+        row_of(
+            res,
+            truths[res.task.job_file],
+            by_file[res.task.job_file].steps,
+            by_file[res.task.job_file].arms,
+        )
         for res in sorted(
             results,
             key=lambda x: (x.task.scenario, x.task.scheme, x.task.budget or 0, x.task.seed),

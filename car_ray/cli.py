@@ -369,7 +369,7 @@ def attribute_cmd(
 
 
 def _print_outcome(folder: str, outcome: Any) -> None:
-    from .attribute import results_table
+    from .attribute import results_table, verdict
 
     console.print(results_table(outcome))
     for note in outcome.notes:
@@ -381,6 +381,7 @@ def _print_outcome(folder: str, outcome: Any) -> None:
         f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
     )
     console.print(f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html")
+    console.print(verdict(outcome.attribution), markup=False)
 
 
 @app.command("inspect")

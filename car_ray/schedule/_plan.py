@@ -904,9 +904,7 @@ class Scheduler:
         return {
             "step": arm.step,
             "kind": event.type,
-            "label": f"{event.provider}:{event.model}"
-            if isinstance(event, LlmEvent)
-            else event.name,
+            "label": event.what() if isinstance(event, LlmEvent) else event.name,
             "intervention": arm.kind,
             **{
                 f"{q}{suffix}": None
@@ -1008,8 +1006,10 @@ def _rank(records: list[dict[str, Any]], key: str) -> None:
             r["rank"] = i
 
 
-def _table_order(r: dict[str, Any]) -> tuple[str, int, int]:
-    return (r["intervention"], r["rank"] if r["rank"] is not None else 1 << 30, r["step"])
+def _table_order(r: dict[str, Any]) -> tuple[bool, str, int, int]:
+    """Re-drawn steps first (the steps to fix, by blame), then each other kind; by rank."""
+    rank = r["rank"] if r["rank"] is not None else 1 << 30
+    return (r["intervention"] != "resample", r["intervention"], rank, r["step"])
 
 
 def _rate(rows: list[dict[str, Any]]) -> float:

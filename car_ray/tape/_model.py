@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from functools import cached_property
 from typing import Annotated, Any, Literal
 
@@ -63,6 +64,17 @@ class LlmEvent(_Line):
     retries: int = 0
     latency_s: float = 0.0
     prev: str
+
+    def what(self) -> str:
+        """What the model did, in a few words: the tools it called, or its text's start."""
+        action = self.action or {}
+        calls = action.get("tool_calls") or []
+        if calls:
+            return "→ " + ", ".join(str(c.get("name")) for c in calls)
+        text = " ".join(str(action.get("text") or "").split())
+        if text:
+            return json.dumps(text if len(text) <= 40 else text[:39] + "…", ensure_ascii=False)
+        return f"{self.provider}:{self.model}"
 
 
 class ToolError(_Line):

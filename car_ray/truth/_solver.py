@@ -10,11 +10,9 @@ randomness, it answers exactly as the simulated provider would. So the semantics
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import Any
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
@@ -283,7 +281,7 @@ class Solver:
                 StepTruth(
                     step=k,
                     kind=event.type,
-                    label=_label(event),
+                    label=event.what() if isinstance(event, LlmEvent) else event.name,
                     player=player,
                     phi=phi.get(k, 0.0),
                     necessity=_flip(self.recorded_bad, v[frozenset({k})]) if player else 0.0,
@@ -326,17 +324,6 @@ def _flip(recorded_bad: bool, p_bad: float) -> float:
 
 def _stay(recorded_bad: bool, p_bad: float) -> float:
     return p_bad if recorded_bad else 1.0 - p_bad
-
-
-def _label(event: Any) -> str:
-    if isinstance(event, LlmEvent):
-        action = event.action or {}
-        calls = action.get("tool_calls") or []
-        if calls:
-            return "→ " + ", ".join(str(c.get("name")) for c in calls)
-        text = str(action.get("text") or "")
-        return json.dumps(text[:40]) if text else f"{event.provider}:{event.model}"
-    return str(event.name)
 
 
 def sim_runner(job: Job, tape: Tape) -> ForkRunner:
