@@ -327,6 +327,7 @@ def attribute(
         stages=scheduler.stage_times if scheduler else {},
         shapley_candidates=scheduler.candidates if scheduler else [],
         recorded_outcome=tape_outcome(job, tape),
+        verdict=verdict(outcome.attribution),
     )
     write_attribution(out, job_id, outcome.attribution)
     write_job_json(out, job_id, info)

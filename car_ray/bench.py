@@ -116,6 +116,7 @@ SCHEMA = pa.schema(
         pa.field("stopped", pa.bool_()),
         pa.field("control_ok", pa.bool_(), nullable=False),
         pa.field("wall_s", pa.float64(), nullable=False),
+        pa.field("cpu_s", pa.float64(), nullable=False),  # this process, every thread
         pa.field("error", pa.string()),
     ]
 )
@@ -143,6 +144,7 @@ class Result:
     attribution: list[dict[str, Any]]
     notes: list[str]
     wall_s: float
+    cpu_s: float
     error: str | None
 
 
@@ -194,11 +196,12 @@ def _run(task: Task) -> Result:
         )
     job = Job(job.path, job.spec.model_copy(update=update))
     budget = Budget() if task.budget is None else Budget(max_forks=task.budget)
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     try:
         outcome, _ = run_local(job, tape, budget)
     except Exception as exc:  # one broken run is a row, not the end of the benchmark
-        return Result(task, 0, "error", [], [], time.perf_counter() - began, repr(exc))
+        wall, cpu = time.perf_counter() - began, time.process_time() - cpu
+        return Result(task, 0, "error", [], [], wall, cpu, repr(exc))
     return Result(
         task,
         outcome.progress.spent.forks,
@@ -206,6 +209,7 @@ def _run(task: Task) -> Result:
         outcome.attribution,
         outcome.notes,
         time.perf_counter() - began,
+        time.process_time() - cpu,
         None,
     )
 
@@ -305,6 +309,7 @@ def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any
         else verdict in ("separated", "precise", "nothing"),
         "control_ok": check.control_ok,
         "wall_s": round(result.wall_s, 4),
+        "cpu_s": round(result.cpu_s, 4),
         "error": result.error,
     }
 

@@ -54,8 +54,14 @@ def _quiet_logs(
     level = logging.INFO if verbose else logging.WARNING
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # Whatever sys.stderr is when a line is logged (a test runner swaps it).
+        logger_factory=_stderr_logger,
+        cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*args: Any) -> structlog.PrintLogger:
+    return structlog.PrintLogger(sys.stderr)
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:

@@ -66,6 +66,7 @@ def test_a_right_table_passes_and_a_wrong_top_fails(truth: Truth) -> None:
     assert missed.covered == missed.checked - 1 and missed.misses[0].startswith("phi@4")
 
 
+@pytest.mark.timeout(900)
 def test_every_scenario_passes_through_the_real_runner() -> None:
     """The CI run of `car-ray validate --check` over jobs/ (every scenario, embedded Ray)."""
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}

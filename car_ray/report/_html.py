@@ -164,9 +164,11 @@ def _header(tape: Tape, job: Mapping[str, Any]) -> str:
     notes = [*tape.notes, *(job_notes if isinstance(job_notes, list) else [])]
     notes_html = "".join(f'<p class="note">{_e(note)}</p>' for note in notes)
     result = _seal_result(tape)
+    verdict = job.get("verdict")
+    verdict_html = f'<p class="verdict">{_e(verdict)}</p>' if isinstance(verdict, str) else ""
     return f"""<header>
 <h1>car-ray report <span class="status {status_class}">{_e(status)}</span></h1>
-<dl class="facts">{rows}</dl>
+{verdict_html}<dl class="facts">{rows}</dl>
 {notes_html}
 <details><summary>input and the agent's result</summary>
 <h4>input</h4>{_pre(_pretty(tape.header.input))}
@@ -582,6 +584,7 @@ details.step:target { outline: 2px solid var(--accent); }
 .kind.tool { background: #fbeee0; } .who { font-weight: 600; white-space: nowrap; }
 .preview { color: var(--muted); overflow: hidden; text-overflow: ellipsis; white-space: nowrap;
   min-width: 0; flex: 1; }
+.verdict { font-size: 1.05rem; font-weight: 600; margin: .4rem 0 .8rem; }
 .badge { font-size: .72rem; padding: 1px 6px; border-radius: 4px; white-space: nowrap; }
 .badge.effect { background: #fde2e0; color: #9b2c20; } .badge.error { background: #c0392b;
   color: #fff; } .badge.top { background: var(--accent); color: #fff; }
