@@ -152,7 +152,7 @@ def results_table(outcome: JobOutcome) -> Table:
 
         table.add_row(
             r["intervention"],
-            str(r["rank"]),
+            "—" if r["rank"] is None else str(r["rank"]),
             str(r["step"]),
             escape(r["label"]),
             span(r["flip_rate"], r["flip_lo"], r["flip_hi"]) + f" {r['flip_n']}",
