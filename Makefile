@@ -28,6 +28,7 @@ test: lint typecheck
 bench: $(STAMP)
 	$(PY) benchmarks/fork_overhead.py
 	$(PY) benchmarks/throughput.py
+	$(PY) benchmarks/accuracy.py --quick
 
 clean:
 	rm -rf .venv .mypy_cache .ruff_cache .pytest_cache

@@ -3,22 +3,27 @@ allocation, on every scenario whose exact values are known.
 
 For each scenario job (a simulated policy: `validate.suite()` by default) the exact values
 are enumerated once (`truth.solve`). Then, for every budget of a log grid (F forks a step of
-the tape: F in 1, 2, 4, 8, 16; `--quick`: 1, 4, 16; a budget is at most `max_budget`
+the tape: F in 1, 2, 4, 8; `--quick`: 1, 4, 8; a budget is at most `max_budget` = 256
 forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one attribution job runs
-in this process (`truth.run_local`, no Ray) under `Budget(max_forks=budget)`, four ways:
+in a worker process (`truth.run_local`, no Ray) under `Budget(max_forks=budget)`, four ways:
 
   auto            car-ray's adaptive scheduler (method "auto": screen, Shapley on the held
                   game one seed at a time, the other arms with a held tail); it stops when
                   the top cause is separated or its intervals are precise, or at the cap;
   uniform-live    method "uniform": k = budget // arms forks (at least 1) of every arm, each
                   with a live tail (everything after the intervention re-drawn);
-  uniform-pinned  the same with a pinned tail (later model calls answered from the tape
-                  while the run stays on it);
+  uniform-pinned  the same with a pinned tail (every later step answered with its
+                  recorded text or result, whatever the intervention changed);
   uniform-held    the same with a held tail (later steps keep their mechanism: the game
                   auto measures).
 
 auto also runs once a seed with no cap at all (`Budget()`: the scheduler's own default of
 10 forks a step), to see what a user gets by default and whether it stopped on its own.
+
+A fork of the 65-step tape (jobs/long_tape) costs ~0.5 s against ~0.02 s on the others, so a
+tape over 32 steps runs F = 1 and 2 only, with 3 seeds (`--long-seeds`); `--quick` skips it
+unless `--scenarios` names it. The default grid takes about 20 minutes on two cores, `--quick`
+about 3.
 
 Definitions (also in the printed tables):
 
@@ -36,9 +41,13 @@ Definitions (also in the printed tables):
 - phi width: the mean width phi_hi - phi_lo over the steps Shapley measured (ranked rows;
   steps the screen cleared carry a [0, 0] interval and are left out).
 - fewest forks: the mean forks used at the smallest budget of the grid whose top-1 accuracy
-  over the seeds is at least 0.95 ("never" if none).
-- stopped on its own (default runs): auto's Shapley note says "separated" or "precise", or
-  that no step makes a choice (the negative control), rather than that the budget ended.
+  over the seeds is at least 0.95 ("never" if none). The best uniform scheme of a scenario
+  is the one with the fewest; auto / best uniform is the ratio of the two, and its median
+  is over the scenarios where both reach 0.95, the negative control left out (every scheme
+  is right there at any budget).
+- stopped on its own (default runs): auto's Shapley note says the top "separated" or the
+  intervals are "precise", or that no step makes a choice (the negative control); a note
+  that "the budget ended before the top separated" is not a stop on its own.
 
 Every run is a row of `accuracy.parquet`; `accuracy.png` plots, per scenario, top-1 accuracy
 against mean forks used, one line per scheme. Runs go to `processes` worker processes (each
@@ -75,18 +84,18 @@ from .validate import SLACK, TIE, score, suite
 
 Scheme = Literal["auto", "uniform-live", "uniform-pinned", "uniform-held"]
 SCHEMES: tuple[Scheme, ...] = ("auto", "uniform-live", "uniform-pinned", "uniform-held")
-FORKS_PER_STEP = (1, 2, 4, 8, 16)
-QUICK_FORKS_PER_STEP = (1, 4, 16)
+FORKS_PER_STEP = (1, 2, 4, 8)  # auto's uncapped run (10 forks a step) is the next point
+QUICK_FORKS_PER_STEP = (1, 4, 8)
 SEEDS = 20
 QUICK_SEEDS = 5
-# A budget is at most this many forks: the 65-step tape's forks cost ~0.5 s each, so its
-# uniform schemes at 16 forks a step (1040 forks a run) would take hours over the seeds.
-MAX_BUDGET = 256
-# Tapes longer than this run fewer seeds (LONG_SEEDS at most): one seed of the four schemes
-# over the grid on the 65-step tape is ~5 minutes of forks.
+MAX_BUDGET = 256  # no budget above this many forks
+# A fork of the 65-step tape costs 0.3-0.5 s (~0.02 s on the others): one seed of the four
+# schemes at 1 and 2 forks a step is 3-7 minutes of forks there. Tapes longer than LONG_STEPS
+# run the grid up to LONG_FORKS_PER_STEP and at most LONG_SEEDS seeds (--quick: none, unless
+# `scenarios` names them: then one).
 LONG_STEPS = 32
-LONG_SEEDS = 4
-QUICK_LONG_SEEDS = 1
+LONG_FORKS_PER_STEP = 2
+LONG_SEEDS = 3
 ACCURATE = 0.95  # top-1 accuracy that counts as "reaches the right answer"
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -153,6 +162,18 @@ class Result:
 _loaded: dict[str, tuple[Job, Any]] = {}
 
 
+class _DropPendingTasks(logging.Filter):
+    """Drops asyncio's "Task was destroyed but it is pending!": `LocalExecutor.shutdown`
+    closes its loop without `shutdown_asyncgens`, so every fork of a streaming async agent
+    (jobs/late_commit) leaves a pending generator task, logged once per fork."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Task was destroyed but it is pending")
+
+
+_DROP = _DropPendingTasks()
+
+
 def _quiet() -> None:
     """A worker's logs: warnings and worse, to stderr (as the command line sets them)."""
     import structlog
@@ -161,6 +182,7 @@ def _quiet() -> None:
         wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
     )
+    logging.getLogger("asyncio").addFilter(_DROP)
 
 
 def _job_and_tape(job_file: str) -> tuple[Job, Any]:
@@ -249,16 +271,21 @@ def top1(
 
 
 def _verdict(notes: Iterable[str]) -> str | None:
+    """How auto's Shapley stage ended, from its note: "separated" or "precise" (it stopped
+    on its own), "nothing" (no step makes a choice), "budget" (the budget ended first: that
+    note also says "separated", as in "before the top separated"), None if it never ran."""
     for note in notes:
         if not note.startswith("shapley:"):
             continue
-        if "separated" in note:
-            return "separated"
-        if "precise" in note:
-            return "precise"
+        if "budget ended" in note:
+            return "budget"
         if "no step makes a choice" in note:
             return "nothing"
-        return "budget"
+        if "precise" in note:
+            return "precise"
+        if "separated" in note:
+            return "separated"
+        return "other"
     return None
 
 
@@ -330,17 +357,22 @@ class Scenario:
 def plan_scenario(
     job_file: Path, grid: Sequence[int], seeds: int, long_seeds: int, max_budget: int | None
 ) -> Scenario:
+    """The scenario's budgets (F x steps, at most max_budget; up to LONG_FORKS_PER_STEP for
+    a long tape) and seeds (at most long_seeds for a long tape)."""
     from ._scenario import ensure_tape
 
     job = load_job(job_file)
     tape = ensure_tape(job)
     steps, arms = len(tape.steps), len(job_arms(job, tape))
+    long = steps > LONG_STEPS
     points: list[tuple[int, int]] = []
     for f in sorted(grid):
+        if long and f > LONG_FORKS_PER_STEP and points:
+            break
         budget = f * steps if max_budget is None else min(f * steps, max_budget)
         if not points or budget > points[-1][1]:
             points.append((f, budget))
-    n = seeds if steps <= LONG_STEPS else min(seeds, long_seeds)
+    n = min(seeds, long_seeds) if long else seeds
     return Scenario(job.folder.name, str(job_file), steps, arms, n, points)
 
 
@@ -365,10 +397,14 @@ def _pool_map(
     solves' JSON by job file."""
     truths: dict[str, str] = {}
     if processes <= 1:
-        for path in solve_files:
-            truths[path] = _solve(path)
-        for task in tasks:
-            on_result(_run(task))
+        logging.getLogger("asyncio").addFilter(_DROP)
+        try:
+            for path in solve_files:
+                truths[path] = _solve(path)
+            for task in tasks:
+                on_result(_run(task))
+        finally:
+            logging.getLogger("asyncio").removeFilter(_DROP)
         return truths
     context = multiprocessing.get_context("spawn")  # no fork of a process with threads
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_quiet) as pool:
@@ -392,6 +428,11 @@ def _accuracy(rows: Sequence[dict[str, Any]]) -> float:
 
 def _mean_forks(rows: Sequence[dict[str, Any]]) -> float:
     return mean(float(r["forks"]) for r in rows)
+
+
+def _mean_of(rows: Sequence[dict[str, Any]], key: str) -> float | None:
+    values = [float(r[key]) for r in rows if r[key] is not None]
+    return mean(values) if values else None
 
 
 def _cells(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
@@ -421,6 +462,7 @@ class Summary:
     best_uniform: dict[str, str | None]
     ratios: dict[str, float | None]
     median_ratio: float | None
+    median_of: int  # scenarios in the median: both reach the accuracy, not a control
     coverage: float | None
     covered: int
     checked: int
@@ -444,7 +486,9 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
         best_uniform[s.name] = None if best is None else best[1]
         auto = fewest[(s.name, "auto")]
         ratios[s.name] = None if best is None or auto is None else auto / max(best[0], 1e-9)
-    known = [r for r in ratios.values() if r is not None]
+    # A negative control has nothing to find: every scheme is right at any budget.
+    controls = {r["scenario"] for r in rows if not r["top_exact"]}
+    known = [r for name, r in ratios.items() if r is not None and name not in controls]
     auto_rows = [r for r in rows if r["scheme"] == "auto" and not r["default_budget"]]
     covered = sum(int(r["covered"]) for r in auto_rows)
     checked = sum(int(r["checked"]) for r in auto_rows)
@@ -454,6 +498,7 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
         best_uniform,
         ratios,
         median(known) if known else None,
+        len(known),
         covered / checked if checked else None,
         covered,
         checked,
@@ -476,10 +521,9 @@ def accuracy_tables(
     levels = sorted({f for s in scenarios for f, _ in s.grid})
     for scheme in SCHEMES:
         table = Table(
-            title=f"{scheme}: top-1 accuracy by budget (forks a step of the tape)",
-            caption=DEFINITIONS,
+            title=f"{scheme}: top-1 accuracy over the seeds (mean forks used) by budget "
+            "(F forks a step of the tape)",
             title_justify="left",
-            caption_justify="left",
         )
         table.add_column("F", justify="right")
         for s in scenarios:
@@ -531,7 +575,8 @@ def default_table(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario])
         "how often it stopped on its own (Shapley separated or precise, or nothing to blame)",
         title_justify="left",
     )
-    for column in ("scenario", "seeds", "forks/step", "stopped", "top-1", "coverage"):
+    columns = ("scenario", "seeds", "forks/step", "stopped", "top-1", "phi MAE", "phi width")
+    for column in (*columns, "coverage"):
         table.add_column(column, justify="left" if column == "scenario" else "right")
     for s in scenarios:
         runs = [r for r in rows if r["scenario"] == s.name and r["default_budget"]]
@@ -544,9 +589,19 @@ def default_table(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario])
             f"{_mean_forks(runs) / s.steps:.1f}",
             f"{sum(bool(r['stopped']) for r in runs) / len(runs):.0%}",
             f"{_accuracy(runs):.2f}",
+            _fmt(_mean_of(runs, "phi_mae"), ".3f", "—"),
+            _fmt(_mean_of(runs, "phi_width"), ".3f", "—"),
             f"{sum(int(r['covered']) for r in runs) / checked:.1%}" if checked else "—",
         )
     return table
+
+
+def _show(console: Console, table: Table) -> None:
+    """The title on its own line (rich would wrap it to a narrow table's width), then the table."""
+    if table.title:
+        console.print(f"[bold]{table.title}[/]")
+        table.title = None
+    console.print(table)
 
 
 # -- output ---------------------------------------------------------------------------------------
@@ -559,15 +614,14 @@ def write_parquet(path: Path, rows: Sequence[dict[str, Any]], config: dict[str, 
     pq.write_table(table, path)
 
 
-def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> bool:
-    """Top-1 accuracy against mean forks used, a panel per scenario; False without matplotlib."""
-    try:
-        import matplotlib
+def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> None:
+    """Top-1 accuracy against mean forks used, a panel per scenario."""
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
     cells = _cells(rows)
     cols = min(4, max(1, len(scenarios)))
     nrows = math.ceil(len(scenarios) / cols)
@@ -595,7 +649,10 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[S
                 markersize=7,
                 label="auto, no cap",
             )
-        ax.set_xscale("log")
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(LogLocator(base=2))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_ylim(-0.05, 1.05)
         ax.axhline(ACCURATE, color="grey", linewidth=0.5, linestyle=":")
         ax.set_title(f"{s.name} ({s.steps} steps, {s.seeds} seeds)", fontsize=8)
@@ -612,7 +669,6 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], scenarios: Sequence[S
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -632,33 +688,51 @@ def main(
     console: Console | None = None,
 ) -> int:
     """Accuracy against budget on the scenario suite (see the module docstring); writes
-    `out`/accuracy.parquet and `out`/accuracy.png. `scenarios` keeps the jobs whose folder
-    has one of these names; `seeds` is R (20, quick 5); `forks_per_step` the grid (1 2 4 8
-    16, quick 1 4 16), each budget at most `max_budget` forks (None: no cap); tapes longer
-    than 32 steps run at most `long_seeds` seeds (4, quick 1). 0 when every run ran, 1 if
-    one raised (its row says why) or there is nothing to run."""
-    console = console or Console()
+    `out`/accuracy.parquet and `out`/accuracy.png; 0 when every run ran, 1 if one raised
+    (its row says why) or there is nothing to run.
+
+    job_files: scenario jobs (default `validate.suite()`); scenarios: keep only the jobs
+    whose folder has one of these names; seeds: R, the attribution seeds 0..R-1 (20, quick
+    5); forks_per_step: the grid F (1 2 4 8, quick 1 4 8), a budget being F x the tape's
+    steps, at most `max_budget` forks (None: no cap); long_seeds: the most seeds a tape over
+    32 steps runs, on F up to 2 (default 3; quick 0, i.e. skipped, or 1 when `scenarios`
+    names it); processes: worker processes (1: all in this one)."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
+            console = Console(width=200)
     began = time.perf_counter()
-    paths = list(job_files) if job_files else suite()
+    paths = [Path(p) for p in job_files] if job_files else suite()
     if scenarios:
         wanted = set(scenarios)
-        paths = [p for p in paths if Path(p).parent.name in wanted]
-        missing = wanted - {Path(p).parent.name for p in paths}
+        paths = [p for p in paths if p.parent.name in wanted]
+        missing = wanted - {p.parent.name for p in paths}
         if missing:
             console.print(f"[bold red]no such scenario: {', '.join(sorted(missing))}")
             return 1
-    if not paths:
-        console.print("[bold red]no scenario job files: pass some, or run from the repo")
-        return 1
     r = seeds if seeds is not None else (QUICK_SEEDS if quick else SEEDS)
-    grid = list(forks_per_step or (QUICK_FORKS_PER_STEP if quick else FORKS_PER_STEP))
-    long_r = long_seeds if long_seeds is not None else (QUICK_LONG_SEEDS if quick else LONG_SEEDS)
-    plan = [plan_scenario(Path(p), grid, r, long_r, max_budget) for p in paths]
+    grid = sorted(set(forks_per_step or (QUICK_FORKS_PER_STEP if quick else FORKS_PER_STEP)))
+    if long_seeds is not None:
+        long_r = long_seeds
+    else:
+        long_r = (1 if scenarios else 0) if quick else LONG_SEEDS
+    plan: list[Scenario] = []
+    for path in paths:
+        scenario = plan_scenario(path, grid, r, long_r, max_budget)
+        if scenario.seeds < 1:
+            console.print(
+                f"skipping {scenario.name} ({scenario.steps} steps: --long-seeds N to run it)"
+            )
+            continue
+        plan.append(scenario)
+    if not plan:
+        console.print("[bold red]no scenario to run: pass job files, or run from the repo")
+        return 1
     tasks = [t for s in plan for t in tasks_of(s)]
     console.print(
-        f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es); "
-        f"seeds {r} ({long_r} for tapes over {LONG_STEPS} steps); forks a step {grid}, "
-        f"budgets at most {max_budget or 'any'} forks"
+        f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es): "
+        f"{r} seeds, forks a step {grid}, budgets at most {max_budget or 'any'} forks; tapes "
+        f"over {LONG_STEPS} steps: {long_r} seeds, forks a step up to {LONG_FORKS_PER_STEP}"
     )
     results: list[Result] = []
     done_by: dict[str, int] = defaultdict(int)
@@ -690,18 +764,18 @@ def main(
             key=lambda x: (x.task.scenario, x.task.scheme, x.task.budget or 0, x.task.seed),
         )
     ]
+    console.print(f"[bold]Definitions[/]: {DEFINITIONS}")
     for table in accuracy_tables(rows, plan):
-        console.print(table)
+        _show(console, table)
     summary = summarize(rows, plan)
-    console.print(summary_table(summary, plan))
-    known = [v for v in summary.ratios.values() if v is not None]
+    _show(console, summary_table(summary, plan))
     console.print(
-        "median auto / best-uniform over the suite: "
+        "median auto / best-uniform fewest forks over the suite: "
         + (
-            f"{summary.median_ratio:.2f} ({len(known)} of {len(plan)} scenarios where both "
-            "reach the accuracy)"
+            f"{summary.median_ratio:.2f} (the {summary.median_of} of {len(plan)} scenarios "
+            "where both reach the accuracy; negative controls left out)"
             if summary.median_ratio is not None
-            else "— (no scenario where both reach the accuracy)"
+            else "— (no scenario other than a negative control where both reach the accuracy)"
         )
     )
     console.print(
@@ -711,7 +785,7 @@ def main(
         + "); mean phi-interval width "
         + _fmt(summary.phi_width, ".3f", "—")
     )
-    console.print(default_table(rows, plan))
+    _show(console, default_table(rows, plan))
     wall = time.perf_counter() - began
     config: dict[str, Any] = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -730,12 +804,8 @@ def main(
     parquet = out / "accuracy.parquet"
     write_parquet(parquet, rows, config)
     png = out / "accuracy.png"
-    plotted = write_plot(png, rows, plan)
-    console.print(
-        f"wrote {parquet}"
-        + (f" and {png}" if plotted else " (no plot: matplotlib is not installed)")
-        + f"; wall time {wall:.0f} s"
-    )
+    write_plot(png, rows, plan)
+    console.print(f"wrote {parquet}" + f" and {png}" + f"; wall time {wall:.0f} s")
     failed = sum(res.error is not None for res in results)
     if failed:
         console.print(f"[bold red]{failed} runs raised: see the 'error' column")

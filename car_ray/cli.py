@@ -527,6 +527,52 @@ def validate_cmd(
         raise typer.Exit(1)
 
 
+@app.command("bench")
+def bench_cmd(
+    job_files: Annotated[
+        list[Path] | None, typer.Argument(help="scenario job files (default: jobs/*/job.toml)")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="forks a step 1 4 8, 5 seeds, no long tape")
+    ] = False,
+    scenario: Annotated[
+        list[str] | None, typer.Option("--scenario", help="only jobs/NAME (repeatable)")
+    ] = None,
+    seeds: Annotated[
+        int | None, typer.Option(min=1, help="attribution seeds (default 20, quick 5)")
+    ] = None,
+    forks_per_step: Annotated[
+        list[int] | None,
+        typer.Option("--forks-per-step", min=1, help="a budget on the grid (repeatable)"),
+    ] = None,
+    processes: Annotated[int, typer.Option(min=1, help="worker processes")] = 2,
+    out: Annotated[Path, typer.Option(help="folder for accuracy.parquet and accuracy.png")] = Path(
+        "benchmarks/results"
+    ),
+) -> None:
+    """Accuracy against budget: car-ray's adaptive scheduler against uniform allocation
+    (live, pinned and held tails) on every scenario with exact values; writes Parquet and a
+    plot, prints the forks each scheme needs for 95% top-1."""
+    from . import bench
+    from .validate import suite
+
+    paths = job_files or suite()
+    if not paths:
+        raise _fail("no scenario job files: pass some, or run from the repo (jobs/*/job.toml)")
+    code = bench.main(
+        [_job(p).path for p in paths],
+        quick=quick,
+        scenarios=scenario,
+        seeds=seeds,
+        forks_per_step=forks_per_step,
+        processes=processes,
+        out=out,
+        console=console,
+    )
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:
     app()
 

@@ -57,4 +57,5 @@ class LocalExecutor:
 
     def shutdown(self) -> None:
         self.loop.run_until_complete(self.runner.aclose())
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()

@@ -1,0 +1,88 @@
+"""`car-ray bench`: the accuracy benchmark end to end on one small scenario, and its top-1 rule."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import pyarrow.parquet as pq
+from rich.console import Console
+
+from car_ray.bench import SCHEMA, SCHEMES, _verdict, main, top1
+
+from .conftest import ROOT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_quick_on_one_scenario(tmp_path: Any) -> None:
+    text = io.StringIO()
+    code = main(
+        [ROOT / "jobs" / "late_commit" / "job.toml"],
+        quick=True,
+        seeds=2,
+        forks_per_step=[1],
+        processes=2,
+        out=tmp_path,
+        console=Console(file=text, width=200),
+    )
+    printed = text.getvalue()
+    assert code == 0, printed
+    table = pq.read_table(tmp_path / "accuracy.parquet")
+    assert table.schema.names == SCHEMA.names
+    rows = table.to_pylist()
+    keys = [(r["scheme"], r["budget"], r["seed"]) for r in rows]
+    assert len(keys) == len(set(keys))
+    # One budget (1 fork a step of the 11-step tape) for every scheme and seed, and auto's
+    # uncapped run (budget null) once a seed.
+    expected = {(s, 11, seed) for s in SCHEMES for seed in (0, 1)} | {
+        ("auto", None, seed) for seed in (0, 1)
+    }
+    assert set(keys) == expected
+    assert {r["scenario"] for r in rows} == {"late_commit"}
+    assert all(r["error"] is None and r["top_exact"] == [2] for r in rows)
+    assert all(r["forks"] <= 11 for r in rows if r["budget"] == 11)
+    png = (tmp_path / "accuracy.png").read_bytes()
+    assert png.startswith(PNG)
+    for scheme in SCHEMES:
+        assert scheme in printed
+    assert "fewest forks" in printed and "wall time" in printed
+
+
+def _row(step: int, value: float | None, rank: int | None, lo: float = 0.0) -> dict[str, Any]:
+    return {
+        "step": step,
+        "intervention": "resample",
+        "rank": rank,
+        "phi": value,
+        "phi_lo": lo,
+        "flip_rate": value,
+    }
+
+
+def test_top1_counts_a_tie_with_a_wrong_step_as_wrong() -> None:
+    ahead = [_row(2, 0.5, 1), _row(0, 0.2, 2), _row(4, 0.0, None)]
+    tied = [_row(2, 0.5, 1), _row(0, 0.5, 2)]
+    wrong = [_row(0, 0.5, 1), _row(2, 0.4, 2)]
+    for scheme in ("auto", "uniform-held"):
+        assert top1(scheme, ahead, [2]) == (2, True)
+        assert top1(scheme, tied, [2]) == (2, False)
+        assert top1(scheme, wrong, [2]) == (0, False)
+        # Two exact top steps may tie with each other.
+        assert top1(scheme, tied, [0, 2]) == (2, True)
+    # The negative control: right when nothing is blamed.
+    assert top1("auto", [_row(0, 0.1, 1, lo=-0.2)], [])[1]
+    assert not top1("auto", [_row(0, 0.3, 1, lo=0.1)], [])[1]
+    assert top1("uniform-live", [_row(0, 0.0, 1)], [])[1]
+    assert not top1("uniform-live", [_row(0, 0.25, 1)], [])[1]
+
+
+def test_verdict_reads_a_budget_stop_as_no_stop() -> None:
+    assert _verdict(["screen: 24 forks", "shapley: 5 seeds; top cause [2] separated at 95%"]) == (
+        "separated"
+    )
+    assert _verdict(["shapley: 5 seeds; the budget ended before the top separated"]) == "budget"
+    assert _verdict(["shapley: no step makes a choice that could change the outcome"]) == (
+        "nothing"
+    )
+    assert _verdict(["screen: 3 forks"]) is None
