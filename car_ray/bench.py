@@ -39,7 +39,7 @@ Definitions (also in the printed tables):
   (phi, necessity and sufficiency of resample rows, the flip of every other arm against its
   exact held-tail flip); for uniform schemes only the other arms have such intervals.
 - phi width: the mean width phi_hi - phi_lo over the steps Shapley measured (ranked rows;
-  steps the screen cleared carry a [0, 0] interval and are left out).
+  steps the screen cleared carry the interval ±(their deviation bound) and are left out).
 - fewest forks: the mean forks used at the smallest budget of the grid whose top-1 accuracy
   over the seeds is at least 0.95 ("never" if none). The best uniform scheme of a scenario
   is the one with the fewest; auto / best uniform is the ratio of the two, and its median

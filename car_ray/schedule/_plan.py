@@ -960,10 +960,12 @@ class Scheduler:
                 ):
                     bound = self.screen.deviation_bound(arm.step, self.alpha)
                     n = self.screen.clean[arm.step]
+                    # Its blame is only bounded, not known to be 0: each of its marginal
+                    # contributions needs it to leave the tape.
                     record.update(
                         phi=0.0,
-                        phi_lo=0.0,
-                        phi_hi=0.0,
+                        phi_lo=-bound,
+                        phi_hi=bound,
                         necessity=0.0,
                         necessity_lo=0.0,
                         necessity_hi=bound,
