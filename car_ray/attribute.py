@@ -6,6 +6,7 @@ report."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator
@@ -25,7 +26,15 @@ from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
 from .job import Job
 from .providers import PriceTable
 from .replay import BaseUrls
-from .results import ForkSink, read_job_json, write_attribution, write_job_json
+from .results import (
+    ForkSink,
+    OutputError,
+    hold_job,
+    read_job_json,
+    write_attribution,
+    write_job_json,
+    writing,
+)
 from .schedule import (
     Budget,
     Cost,
@@ -57,7 +66,11 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
     if job.spec.policy is None:
         raise ValueError(f"{job.path}: set 'policy' (simulated provider) or [provider] base_url")
     with SimProcess(
-        job.spec.policy, latency_s=settings.sim_latency_ms / 1000, search_path=job.code_path()
+        job.spec.policy,
+        latency_s=settings.sim_latency_ms / 1000,
+        rate_429=settings.sim_rate_429,
+        rate_5xx=settings.sim_rate_5xx,
+        search_path=job.code_path(),
     ) as sim:
         yield BaseUrls.for_server(sim.url)
 
@@ -96,7 +109,7 @@ def dry_run(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) 
     everything = ForkSpec(
         tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
     )
-    worst = scheduler.estimate(everything)
+    worst = scheduler.estimate(everything, worst=True)
     models = sorted({e.model for e in tape.steps if isinstance(e, LlmEvent)})
     lines = [
         f"{len(tape.steps)} steps ({', '.join(models) or 'no model calls'}); method "
@@ -121,12 +134,12 @@ def _progress_table(p: Progress) -> Table:
     spend = [f"{p.spent.forks}" + (f"/{caps.max_forks}" if caps.max_forks else "") + " forks"]
     spend.append(f"${p.spent.usd:.4f}" + (f"/${caps.max_usd:g}" if caps.max_usd else ""))
     spend.append(f"{p.spent.tokens} tok" + (f"/{caps.max_tokens}" if caps.max_tokens else ""))
-    table.add_row("stage", p.stage)
+    table.add_row("stage", escape(p.stage))
     table.add_row(
         "forks", f"{p.done} done, {p.in_flight} in flight, {p.resumed} resumed, {p.lost} lost"
     )
     table.add_row("spent", " · ".join(spend))
-    table.add_row("leader", p.leader or "—")
+    table.add_row("leader", escape(p.leader or "—"))
     eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "—"
     table.add_row("time", f"{elapsed:.1f} s, ETA {eta}")
     return table
@@ -144,22 +157,23 @@ def results_table(outcome: JobOutcome) -> Table:
         "necessity",
         "sufficiency",
     ):
-        table.add_column(column)
+        table.add_column(escape(column))
     for r in outcome.attribution:
 
         def span(v: Any, lo: Any, hi: Any) -> str:
             return "—" if v is None else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
 
-        table.add_row(
+        cells = (
             r["intervention"],
             "—" if r["rank"] is None else str(r["rank"]),
             str(r["step"]),
-            escape(r["label"]),
+            r["label"],
             span(r["flip_rate"], r["flip_lo"], r["flip_hi"]) + f" {r['flip_n']}",
             span(r["phi"], r["phi_lo"], r["phi_hi"]),
             span(r["necessity"], r["necessity_lo"], r["necessity_hi"]),
             span(r["sufficiency"], r["sufficiency_lo"], r["sufficiency_hi"]),
         )
+        table.add_row(*(escape(cell) for cell in cells))
     return table
 
 
@@ -203,7 +217,9 @@ def attribute(
     max_forks: int | None = None,
     console: Console | None = None,
 ) -> tuple[str, JobOutcome]:
-    """Run the job; returns its output folder and outcome."""
+    """Run the job; returns its output folder and outcome. One run at a time per output
+    folder (`JobBusy` names the other); a full or read-only disk is an `OutputError` that
+    says the same command resumes the job."""
     console = console or Console()
     if tape is None:
         paths = job.tape_paths
@@ -213,6 +229,21 @@ def attribute(
     tape.require_sealed()
     out = out or job.spec.out
     job_id = job_id_of(job, tape)
+    # A second run on the same output would run forks twice and under-report the spend.
+    with hold_job(out, job_id):
+        return _run_job(job, tape, out, job_id, address, max_usd, max_forks, console)
+
+
+def _run_job(
+    job: Job,
+    tape: Tape,
+    out: str,
+    job_id: str,
+    address: str | None,
+    max_usd: float | None,
+    max_forks: int | None,
+    console: Console,
+) -> tuple[str, JobOutcome]:
     budget = _budget(job, tape, max_usd, max_forks)
     existing = ForkSink.existing(out, job_id).to_pylist()
     previous = read_job_json(out, job_id) or {}
@@ -260,6 +291,7 @@ def attribute(
                 pricing=settings.pricing,
                 requests_per_minute=settings.requests_per_minute,
                 tokens_per_minute=settings.tokens_per_minute,
+                max_attempts=settings.max_attempts,
             ),
             workers=settings.workers,
             per_worker_in_flight=max(1, settings.concurrency // settings.workers),
@@ -314,6 +346,12 @@ def attribute(
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
                 outcome = scheduler.run()
+        except BaseException:
+            # A full disk fails the close's flush too: report the first error; the journal
+            # keeps every row the sink took, for the run that resumes the job.
+            with contextlib.suppress(OutputError):
+                sink.close()
+            raise
         finally:
             sink.close()
             executor.shutdown()
@@ -324,6 +362,10 @@ def attribute(
         finished=time.time(),
         wall_s=time.time() - started,
         lost_forks=outcome.progress.lost,
+        # Forks that ended as provider_error (never scored, each run again), and every row's
+        # status: a job whose forks mostly have no outcome is "failed".
+        provider_errors=outcome.progress.provider_errors,
+        fork_statuses=dict(scheduler.statuses) if scheduler else {},
         stages=scheduler.stage_times if scheduler else {},
         shapley_candidates=scheduler.candidates if scheduler else [],
         recorded_outcome=tape_outcome(job, tape),
@@ -334,9 +376,9 @@ def attribute(
     try:
         from .report import write_report
 
-        write_report(
-            Path(out) / job_id / "report.html", tape=tape, attribution=outcome.attribution, job=info
-        )
+        report = Path(out) / job_id / "report.html"
+        with writing(str(report)):
+            write_report(report, tape=tape, attribution=outcome.attribution, job=info)
     except ImportError:  # pragma: no cover - the report is optional on minimal installs
         pass
     return os.path.join(out, job_id), outcome

@@ -75,6 +75,7 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from .job import Job, load_job
@@ -527,7 +528,7 @@ def accuracy_tables(
         )
         table.add_column("F", justify="right")
         for s in scenarios:
-            table.add_column(f"{s.name}\n{s.steps} st, {s.seeds} seeds", justify="right")
+            table.add_column(escape(f"{s.name}\n{s.steps} st, {s.seeds} seeds"), justify="right")
         for f in levels:
             line = [str(f)]
             for s in scenarios:
@@ -561,9 +562,9 @@ def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
     for s in scenarios:
         best = summary.best_uniform[s.name]
         table.add_row(
-            s.name,
+            escape(s.name),
             *(_fmt(summary.fewest[(s.name, scheme)]) for scheme in SCHEMES),
-            best or "none",
+            escape(best or "none"),
             _fmt(summary.ratios[s.name], ".2f", "—"),
         )
     return table
@@ -584,7 +585,7 @@ def default_table(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario])
             continue
         checked = sum(int(r["checked"]) for r in runs)
         table.add_row(
-            s.name,
+            escape(s.name),
             str(len(runs)),
             f"{_mean_forks(runs) / s.steps:.1f}",
             f"{sum(bool(r['stopped']) for r in runs) / len(runs):.0%}",
@@ -708,7 +709,7 @@ def main(
         paths = [p for p in paths if p.parent.name in wanted]
         missing = wanted - {p.parent.name for p in paths}
         if missing:
-            console.print(f"[bold red]no such scenario: {', '.join(sorted(missing))}")
+            console.print(f"[bold red]no such scenario: {escape(', '.join(sorted(missing)))}")
             return 1
     r = seeds if seeds is not None else (QUICK_SEEDS if quick else SEEDS)
     grid = sorted(set(forks_per_step or (QUICK_FORKS_PER_STEP if quick else FORKS_PER_STEP)))
@@ -721,7 +722,8 @@ def main(
         scenario = plan_scenario(path, grid, r, long_r, max_budget)
         if scenario.seeds < 1:
             console.print(
-                f"skipping {scenario.name} ({scenario.steps} steps: --long-seeds N to run it)"
+                f"skipping {scenario.name} ({scenario.steps} steps: --long-seeds N to run it)",
+                markup=False,
             )
             continue
         plan.append(scenario)
@@ -743,10 +745,12 @@ def main(
         name = result.task.scenario
         done_by[name] += 1
         if result.error is not None:
-            console.print(f"[bold red]{name} {result.task.scheme} failed: {result.error}")
+            line = f"{name} {result.task.scheme} failed: {result.error}"
+            console.print(f"[bold red]{escape(line)}")
         if done_by[name] == total_by[name]:
             console.print(
-                f"  {name}: {total_by[name]} runs done ({time.perf_counter() - began:.0f} s)"
+                f"  {name}: {total_by[name]} runs done ({time.perf_counter() - began:.0f} s)",
+                markup=False,
             )
 
     truth_json = _pool_map(processes, [s.job_file for s in plan], tasks, on_result)
@@ -805,7 +809,7 @@ def main(
     write_parquet(parquet, rows, config)
     png = out / "accuracy.png"
     write_plot(png, rows, plan)
-    console.print(f"wrote {parquet}" + f" and {png}" + f"; wall time {wall:.0f} s")
+    console.print(f"wrote {parquet} and {png}; wall time {wall:.0f} s", markup=False)
     failed = sum(res.error is not None for res in results)
     if failed:
         console.print(f"[bold red]{failed} runs raised: see the 'error' column")

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._aio import run as run_loop
+from ._usercode import UserCodeError
 from .job import Job, JobFileError, load_job
 from .replay import (
     INTERVENTION_KINDS,
@@ -45,12 +46,17 @@ T = TypeVar("T")
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
 
+class _Options:
+    verbose = False  # --verbose: also the full stack of a failing agent or scorer
+
+
 @app.callback()
 def _quiet_logs(
     verbose: Annotated[bool, typer.Option("--verbose", help="log every fork's events")] = False,
 ) -> None:
     """Logs go to stderr, warnings and worse unless --verbose: a fork's events (a blocked
     effect, a divergence) are in its row, not in the command's output."""
+    _Options.verbose = verbose
     level = logging.INFO if verbose else logging.WARNING
     structlog.configure(
         wrapper_class=structlog.make_filtering_bound_logger(level),
@@ -65,8 +71,22 @@ def _stderr_logger(*args: Any) -> structlog.PrintLogger:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
+
+
+def _user_code_failed(job: Job, exc: UserCodeError) -> typer.Exit:
+    """One line: the job file, the agent's or scorer's ref, the exception and the user's
+    file:line. The stack is noise unless asked for (--verbose)."""
+    if _Options.verbose and exc.stack:
+        err.print(exc.stack, markup=False, highlight=False, soft_wrap=True)
+    hint = " (car-ray --verbose shows the stack)" if exc.stack and not _Options.verbose else ""
+    return _fail(exc.describe(job.path, getattr(job.spec, exc.role)) + hint)
+
+
+def _plain(line: str) -> None:
+    """A line of recorded or user-supplied text to stderr, never read as markup."""
+    err.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _job(path: Path) -> Job:
@@ -156,7 +176,7 @@ def _parse_value(kind: str, value: str | None) -> Intervention:
 
 
 def _steps_table(tape: Tape) -> Table:
-    table = Table(title=f"{tape.path}  ({'sealed' if tape.sealed else 'INCOMPLETE'})")
+    table = Table(title=f"{escape(str(tape.path))}  ({'sealed' if tape.sealed else 'INCOMPLETE'})")
     for column in ("step", "kind", "tool / model", "preview"):
         table.add_column(column)
     for event in tape.steps:
@@ -165,11 +185,16 @@ def _steps_table(tape: Tape) -> Table:
             calls = ", ".join(c["name"] for c in action.get("tool_calls") or [])
             text = action.get("text") or ""
             preview = (f"→ {calls}  " if calls else "") + text
-            table.add_row(str(event.step), "llm", f"{event.provider}:{event.model}", preview[:80])
+            table.add_row(
+                str(event.step),
+                "llm",
+                escape(f"{event.provider}:{event.model}"),
+                escape(preview[:80]),
+            )
         else:
             shown = event.error.message if event.error else json.dumps(event.result)
             flag = " (effect)" if event.effect else ""
-            table.add_row(str(event.step), "tool", event.name + flag, shown[:80])
+            table.add_row(str(event.step), "tool", escape(event.name + flag), escape(shown[:80]))
     return table
 
 
@@ -180,9 +205,8 @@ def _row_table(row: ForkRow) -> Table:
     table.add_column("value")
     for key, value in row.model_dump().items():
         if value is not None:
-            table.add_row(
-                key, ", ".join(map(str, value)) if isinstance(value, list) else str(value)
-            )
+            shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+            table.add_row(key, escape(shown))
     return table
 
 
@@ -215,7 +239,9 @@ def record_cmd(
                 overwrite=force,
             )
         console.print(_steps_table(tape))
-        status = f"agent raised {outcome.error!r}" if outcome.error else "agent returned"
+        status = (
+            f"agent raised {escape(repr(outcome.error))}" if outcome.error else "agent returned"
+        )
         console.print(
             f"recorded {len(tape.steps)} steps, {status}; tape id [bold]{tape.tape_id}[/]"
         )
@@ -231,7 +257,8 @@ def replay_cmd(
     tape_file: Annotated[Path, typer.Argument(help="the tape")],
     job_file: Annotated[Path, typer.Option("--job", help="the job whose agent to replay")],
 ) -> None:
-    """Replay a tape with no network: exit 0 if faithful, 1 with the diff if not."""
+    """Replay a tape with no network: exit 0 if faithful, 1 with the diff if not, 2 if the
+    agent raises (where the recorded run did not) or the scorer fails."""
     job = _job(job_file)
     tape = _tape(tape_file)
     try:
@@ -245,20 +272,22 @@ def replay_cmd(
     )
     runner.add_tape(tape)
 
-    async def go() -> None:
+    async def go() -> float:
         try:
             await runner.replay(tape.tape_id)
+            return runner.recorded_outcome(tape.tape_id)
         finally:
             await runner.aclose()
 
     try:
-        _run(go)
+        outcome = _run(go)
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     except DivergenceError as exc:
         err.print("[bold red]replay diverged[/]")
         # Printed as is: a diff is read (and grepped) line by line, never re-wrapped.
         err.print(exc.render(), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    outcome = runner.recorded_outcome(tape.tape_id)
     console.print(
         f"[green]faithful[/]: {len(tape.steps)} steps replayed byte for byte, same result; "
         f"recorded outcome {outcome:.2f}"
@@ -276,7 +305,7 @@ def fork_cmd(
     value: Annotated[
         str | None, typer.Option(help="the intervention's value (JSON or text)")
     ] = None,
-    tail: Annotated[str, typer.Option(help="live | pinned")] = "live",
+    tail: Annotated[str, typer.Option(help="live | pinned | held")] = "live",
     seed: Annotated[int, typer.Option(help="fixes every live draw")] = 0,
     base_url: Annotated[
         str | None, typer.Option(help="a live provider instead of the simulated one")
@@ -284,8 +313,8 @@ def fork_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print the row as JSON")] = False,
 ) -> None:
     """Run one fork of a tape and print its row."""
-    if tail not in ("live", "pinned"):
-        raise _fail(f"--tail {tail!r}: expected live or pinned")
+    if tail not in ("live", "pinned", "held"):
+        raise _fail(f"--tail {tail!r}: expected live, pinned or held")
     job = _job(job_file)
     tape = _tape(tape_file)
     intervention = _parse_value(do, value)
@@ -315,12 +344,14 @@ def fork_cmd(
         row = _run(go)
     except (TapeError, InterventionError) as exc:
         raise _fail(str(exc)) from None
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     if as_json:
         print(row.model_dump_json(indent=2))
     else:
         console.print(_row_table(row))
         if row.divergence or row.error:
-            err.print(row.divergence or row.error)
+            _plain(row.divergence or row.error or "")
 
 
 @app.command("attribute")
@@ -348,14 +379,17 @@ def attribute_cmd(
     from ._scenario import ensure_tape
     from .attribute import attribute, with_seed
     from .attribute import dry_run as estimate
+    from .execute import NoWorkers
+    from .results import OutputError
+    from .schedule import FAILED_STATUSES
 
     job = with_seed(_job(job_file), seed)
     try:
-        tape = ensure_tape(job, on_record=err.print)
+        tape = ensure_tape(job, on_record=_plain)
     except (TapeError, JobFileError) as exc:
         raise _fail(str(exc)) from None
     if dry_run:
-        console.print(estimate(job, tape, max_usd, max_forks))
+        console.print(estimate(job, tape, max_usd, max_forks), markup=False)
         return
     try:
         folder, outcome = attribute(
@@ -367,10 +401,16 @@ def attribute_cmd(
             max_forks=max_forks,
             console=console,
         )
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    except OutputError as exc:  # another run holds the output, or its disk is full
+        raise _fail(str(exc)) from None
+    except NoWorkers as exc:  # every fork worker died for good: rows and spend are kept
+        raise _fail(f"{exc}; rerun the same command to resume") from None
     _print_outcome(folder, outcome)
-    if outcome.status == "verify_failed":
+    if outcome.status in FAILED_STATUSES:
         raise typer.Exit(1)
 
 
@@ -380,13 +420,17 @@ def _print_outcome(folder: str, outcome: Any) -> None:
     console.print(results_table(outcome))
     for note in outcome.notes:
         style = "bold red" if "FAILED" in note or "divergence" in note else "yellow"
-        console.print(f"[{style}]{note}[/]")
+        console.print(f"[{style}]{escape(note)}[/]")
     p = outcome.progress
     console.print(
-        f"{p.done} forks run ({p.resumed} resumed, {p.lost} lost and retried); spent "
+        f"{p.done} forks run ({p.resumed} resumed, {p.lost} lost and retried, "
+        f"{p.provider_errors} provider failures retried); spent "
         f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
     )
-    console.print(f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html")
+    console.print(
+        f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html",
+        markup=False,
+    )
     console.print(verdict(outcome.attribution), markup=False)
 
 
@@ -396,9 +440,10 @@ def inspect_cmd(tape_file: Annotated[Path, typer.Argument(help="the tape")]) -> 
     tape = _tape(tape_file)
     console.print(_steps_table(tape))
     for note in tape.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}")
     console.print(
-        f"tape id {tape.tape_id}; agent {tape.header.agent}; created {tape.header.created}"
+        f"tape id {tape.tape_id}; agent {tape.header.agent}; created {tape.header.created}",
+        markup=False,
     )
 
 
@@ -426,21 +471,26 @@ def demo_cmd(
 ) -> None:
     """Record the demo job if its tape is missing, then attribute it on the embedded Ray."""
     from .attribute import attribute
+    from .schedule import FAILED_STATUSES
 
     job = _job(job_file)
     tape_path = job.tape_path
     if tape_path is None:
         raise _fail(f"{job.path}: the demo needs a 'tape' path")
     if not tape_path.exists():
-        console.print(f"recording {job.spec.agent} → {tape_path}")
+        console.print(f"recording {job.spec.agent} → {tape_path}", markup=False)
         record_cmd(job_file, tape_path, None, None, False)
     tape = _tape(tape_path)
     console.print(_steps_table(tape))
     try:
         folder, outcome = attribute(job, tape=tape, out=out, console=console)
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
     _print_outcome(folder, outcome)
+    if outcome.status in FAILED_STATUSES:
+        raise typer.Exit(1)
 
 
 @app.command("truth")
@@ -455,10 +505,12 @@ def truth_cmd(
 
     job = _job(job_file)
     try:
-        tape = ensure_tape(job, on_record=err.print)
+        tape = ensure_tape(job, on_record=_plain)
         truth = _run(lambda: solve(job, tape))
     except (BranchingTooLarge, JobFileError, TapeError) as exc:
         raise _fail(str(exc)) from None
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     if as_json:
         print(truth.model_dump_json(indent=2))
         return

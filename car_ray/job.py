@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from ._files import UnreadableFile, read_regular_file
 from ._imports import ImportRefError, import_ref
 from .replay import Intervention
 
@@ -35,6 +36,19 @@ class ProviderSettings(BaseModel):
     tokens_per_minute: float | None = Field(default=None, gt=0)
     sim_latency_ms: float = Field(
         default=0.0, ge=0, description="added latency of the simulated provider (no base_url)"
+    )
+    sim_rate_429: float = Field(
+        default=0.0, ge=0, le=1, description="share of simulated answers that are 429"
+    )
+    sim_rate_5xx: float = Field(
+        default=0.0, ge=0, le=1, description="share of simulated answers that are 5xx"
+    )
+    max_attempts: int = Field(
+        default=6,
+        ge=1,
+        le=20,
+        description="tries of a call answered 429 / 408 / 409 / 5xx or timing out, the first "
+        "included; after the last, the fork ends as provider_error and is run again",
     )
 
 
@@ -172,13 +186,23 @@ class Job:
             raise JobFileError(str(exc)) from None
 
 
+def _inside_hint(path: Path) -> str:
+    """A job folder given for its job file: name the file."""
+    try:
+        inside = path / "job.toml"
+        return f"; did you mean {inside}?" if path.is_dir() and inside.is_file() else ""
+    except OSError:
+        return ""
+
+
 def load_job(path: Path | str) -> Job:
     path = Path(path)
     try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise JobFileError(f"{path}: no such job file") from None
+        data = tomllib.loads(read_regular_file(path).decode())
+    except UnreadableFile as exc:
+        raise JobFileError(f"{path}: {exc}{_inside_hint(path)}") from None
+    except UnicodeDecodeError as exc:
+        raise JobFileError(f"{path}: not valid TOML (not UTF-8: {exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise JobFileError(f"{path}: not valid TOML ({exc})") from None
     try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from ._aio import run as run_loop
 from ._scenario import ensure_tape
@@ -151,7 +152,7 @@ def validate(
             for path in job_files:
                 job = load_job(path)
                 job = Job(job.path, job.spec.model_copy(update={"attribution_seed": seed}))
-                tape = ensure_tape(job, on_record=console.print)
+                tape = ensure_tape(job, on_record=lambda line: console.print(line, markup=False))
                 truth = run_loop(solve(job, tape))
                 _, outcome = attribute(
                     job,
@@ -172,12 +173,13 @@ def validate(
                 )
                 checks.append(check)
                 verdict = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
-                console.print(
-                    f"{verdict} {check.name}: {check.steps} steps, {check.forks} forks "
+                line = (
+                    f"{check.name}: {check.steps} steps, {check.forks} forks "
                     f"({check.status}); top exact {check.top_exact or 'none'}, found "
                     f"{check.top_found}; covered {check.covered}/{check.checked}"
                     + ("" if check.control_ok else "; NEGATIVE CONTROL FAILED")
                 )
+                console.print(f"{verdict} {escape(line)}")
                 for miss in check.misses:
                     console.print(f"    {miss}", markup=False)
     finally:

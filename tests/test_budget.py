@@ -354,6 +354,14 @@ def test_snapshot_is_plain_json_and_agrees_with_the_ledger() -> None:
         "lost": 1,
         "elapsed_s": 2.5,
         "exhausted": None,
+        # a#0 reserved $0.5 and settled $0.25: reserved / settled is 2.
+        "reservations": {
+            "forks": 1,
+            "reserved": {"forks": 0, "usd": 0.5, "tokens": 10},
+            "settled": {"forks": 0, "usd": 0.25, "tokens": 7},
+            "median_ratio": 2.0,
+            "ratio_of": "usd",
+        },
     }
 
 

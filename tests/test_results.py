@@ -3,12 +3,15 @@ across flushes, stale temporary files, resume, bad rows and a writer killed mid-
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import random
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -27,6 +30,7 @@ from car_ray.results import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
     ForkSink,
+    OutputError,
     SchemaError,
     _parquet,
     fork_record,
@@ -438,7 +442,8 @@ def test_a_writer_killed_mid_job_leaves_only_whole_readable_parts(
         assert len(parts) == 3
         (temp,) = [p for p in forks_dir(tmp_path).iterdir() if p.name.startswith(".")]
         assert temp.name.endswith(".tmp")
-    assert all(p.name.startswith((".", "part-")) for p in forks_dir(tmp_path).iterdir())
+    names = [p.name for p in forks_dir(tmp_path).iterdir()]
+    assert all(n.startswith((".", "part-")) or n == "_journal.jsonl" for n in names)
 
     ids = [f"t{i:07d}" for i in range(10 * len(parts))]  # parts are written in order
     glob = f"{forks_dir(tmp_path)}/*.parquet"
@@ -447,7 +452,12 @@ def test_a_writer_killed_mid_job_leaves_only_whole_readable_parts(
     assert sorted(dataset.to_table(columns=["task_id"]).column("task_id").to_pylist()) == ids
 
     resumed = ForkSink(tmp_path, JOB)
-    assert sorted(resumed.existing_task_ids()) == ids
+    # Every row `add` took is there once: the parts' rows, then the journal's (in "hold",
+    # the ten of the part that was never renamed).
+    seen = sorted(resumed.existing_task_ids())
+    assert seen[: len(ids)] == ids and seen == [f"t{i:07d}" for i in range(len(seen))]
+    if mode == "hold":
+        assert len(seen) == 40
     assert not [p for p in forks_dir(tmp_path).iterdir() if p.name.startswith(".")]
 
 
@@ -459,3 +469,182 @@ def test_part_files_carry_the_explicit_schema_without_car_ray(tmp_path: Path) ->
     assert schema.field("outcome").type == pa.float64()
     assert schema.field("error").type == pa.string()
     assert schema.field("finished_at").type == pa.timestamp("us", tz="UTC")
+
+
+# A driver that journals rows of `make_row` (datetimes, lists) and prints each index once
+# `add` has returned; a resumed one skips what is on disk, as the scheduler does. With "hold"
+# it stops for good in its first journal clear: the part is written, the journal still full.
+JOURNAL_WRITER = """
+import sys, time
+from car_ray.results import ForkSink, _parquet
+from tests.test_results import make_row
+
+out, total, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "hold":
+    def clear(self):
+        print("holding", flush=True)
+        time.sleep(600)
+    _parquet._Journal.clear = clear
+sink = ForkSink(out, "job-1", flush_rows=7, flush_interval_s=0.05)
+have = sink.existing_task_ids()
+for i in range(total):
+    row = make_row(i)
+    if row["task_id"] not in have:
+        assert sink.add(row)
+        print(i, flush=True)
+sink.close()
+print("closed", flush=True)
+"""
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_journal_writer(
+    out: Path, total: int, *, kill_after_s: float | None = None, hold: bool = False
+) -> tuple[list[int], list[str]]:
+    """Run the writer; SIGKILL it `kill_after_s` after its first acknowledged row (or once
+    it holds). Returns the indices `add` acknowledged and everything it printed."""
+    mode = "hold" if hold else "free"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", JOURNAL_WRITER, str(out), str(total), mode],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        if kill_after_s is not None or hold:
+            deadline = time.monotonic() + 30
+            while not lines and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            if hold:
+                while "holding\n" not in lines and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            time.sleep(kill_after_s or 0.0)
+            assert proc.poll() is None, "the writer ended before it was killed"
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=10)
+    return [int(line) for line in lines if line.strip().isdigit()], lines
+
+
+@pytest.mark.timeout(90)
+def test_no_row_add_acknowledged_is_lost_when_the_driver_is_killed_at_random(
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(3)
+    acked: set[int] = set()
+    before: set[int] = set()
+    journal_held_rows = 0
+    for _ in range(3):
+        taken, _ = run_journal_writer(tmp_path, 10**6, kill_after_s=rng.uniform(0.05, 0.6))
+        acked |= set(taken)
+        on_disk = ForkSink.existing(tmp_path, JOB).to_pylist()
+        index = {make_row(i)["task_id"]: i for i in range(max(acked) + 2)}
+        indices = [index[r["task_id"]] for r in on_disk]
+        # Every acknowledged row, once, each exactly as it was added (datetimes, lists,
+        # nulls); besides them only the one whose `add` the kill interrupted (durable, not
+        # yet acknowledged) may be there.
+        assert len(indices) == len(set(indices))
+        assert acked <= set(indices)
+        assert set(indices) - acked - before <= {max(taken) + 1}
+        assert sorted(indices) == list(range(len(indices)))
+        before = set(indices)
+        assert by_task(on_disk) == by_task([make_row(i) for i in indices])
+        journal_held_rows += len(indices) - len(duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet"))
+    # The journal is what kept them: at each kill some rows were in no part yet.
+    assert journal_held_rows > 0
+
+    total = max(acked) + 20
+    taken, printed = run_journal_writer(tmp_path, total)
+    assert printed[-1] == "closed\n" and not acked & set(taken)
+    expected = by_task([make_row(i) for i in range(total)])
+    assert by_task(ForkSink.existing(tmp_path, JOB).to_pylist()) == expected
+    # Closed, the journal is compacted away: the parts alone hold every row, once.
+    assert duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet") == expected
+    assert not (forks_dir(tmp_path) / "_journal.jsonl").exists()
+
+
+@pytest.mark.timeout(60)
+def test_rows_in_both_a_part_and_the_journal_count_once(tmp_path: Path) -> None:
+    # Killed between writing a part and clearing the journal: its rows are in both.
+    taken, _ = run_journal_writer(tmp_path, 10**6, hold=True)
+    in_parts = duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet")
+    # The rows acknowledged, and the one whose `add` was flushing when it stopped.
+    written = [*taken, max(taken, default=-1) + 1]
+    assert in_parts == by_task([make_row(i) for i in written])
+    assert (forks_dir(tmp_path) / "_journal.jsonl").stat().st_size > 0
+    assert by_task(ForkSink.existing(tmp_path, JOB).to_pylist()) == in_parts
+
+    with ForkSink(tmp_path, JOB) as resumed:
+        assert resumed.existing_task_ids() == {r["task_id"] for r in in_parts}
+        assert resumed.add(make_row(100))
+    rows = duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet")
+    assert rows == by_task([*in_parts, make_row(100)])
+
+
+def test_a_torn_last_journal_line_is_left_out_and_cut_before_the_next_row(
+    tmp_path: Path,
+) -> None:
+    sink = ForkSink(tmp_path, JOB, flush_rows=100)
+    local = datetime(2025, 3, 1, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    rows = [make_row(0, scored=False), make_row(1) | {"finished_at": local}, make_row(2)]
+    for row in rows:
+        sink.add(row)
+    # What a kill in the middle of `add`'s write leaves: part of a line, never acknowledged.
+    journal = forks_dir(tmp_path) / "_journal.jsonl"
+    with journal.open("ab") as f:
+        f.write(b'{"task_id": "torn", "tape_id": "ta')
+    stored = [r | {"finished_at": r["finished_at"].astimezone(UTC)} for r in rows]
+    assert ForkSink.existing(tmp_path, JOB).to_pylist() == stored
+
+    resumed = ForkSink(tmp_path, JOB, flush_rows=100)
+    assert resumed.add(make_row(3))
+    lines = journal.read_bytes().splitlines()
+    assert [json.loads(line)["task_id"] for line in lines] == [
+        r["task_id"] for r in [*rows, make_row(3)]
+    ]
+    resumed.close()
+    assert ForkSink.existing(tmp_path, JOB).to_pylist() == [*stored, make_row(3)]
+    assert not journal.exists() and len(visible_parts(tmp_path)) == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "until"),
+    [(errno.ENOSPC, "there is room"), (errno.EROFS, "it is writable again")],
+)
+def test_a_full_or_read_only_disk_refuses_the_row_in_one_line_and_keeps_every_row_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, until: str
+) -> None:
+    sink = ForkSink(tmp_path, JOB, flush_rows=4)
+    for i in range(6):
+        sink.add(make_row(i))  # rows 0-3 in a part, 4 and 5 in the journal
+
+    def full(fd: int) -> None:
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(_parquet, "_sync_data", full)
+    with pytest.raises(OutputError) as refused:
+        sink.add(make_row(6))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert f"{forks_dir(tmp_path)}/_journal.jsonl: {os.strerror(code)}. " in message
+    assert f"run the same command again once {until} to resume the job" in message
+    assert not sink.seen(make_row(6)["task_id"])  # not taken: the caller knows it is not kept
+    with pytest.raises(OutputError, match=r"part-000002-.*\.parquet: "):
+        sink.close()  # the last part cannot be written either; the journal keeps its rows
+
+    monkeypatch.undo()
+    # The refused row's bytes were cut off the journal: it reads cleanly, rows 0-5 once.
+    assert ForkSink.existing(tmp_path, JOB).to_pylist() == [make_row(i) for i in range(6)]
+    with ForkSink(tmp_path, JOB, flush_rows=4) as resumed:
+        assert resumed.add(make_row(6))
+    assert duckdb_rows(f"{forks_dir(tmp_path)}/*.parquet") == by_task(
+        [make_row(i) for i in range(7)]
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._health import NoWorkers
 from ._local import LocalExecutor
 from ._ray import (
     BatchLost,
@@ -20,6 +21,7 @@ __all__ = [
     "ForkWorker",
     "Item",
     "LocalExecutor",
+    "NoWorkers",
     "RayExecutor",
     "WorkerConfig",
     "cluster_info",

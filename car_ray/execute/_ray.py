@@ -2,8 +2,10 @@
 
 Each worker holds its imported agent and scorer, a cache of tapes by id, one pooled live
 upstream and its share of the provider's rate limit. The driver keeps a bounded window of
-batches in flight; a batch whose worker died comes back as `BatchLost`, and the caller
-decides what to retry (so the budget can count the lost attempt)."""
+batches in flight, each sent to the live worker with the least work. A batch whose worker
+died while it may have been running comes back as `BatchLost`, and the caller decides what
+to retry (so the budget can count the lost attempt); the worker gets no new batch until it
+answers a ping (`WorkerHealth`), and a batch Ray never sent to it goes to another."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import asyncio
 import os
 import socket
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,6 +24,7 @@ import ray
 import structlog
 from ray.exceptions import RayActorError, RayError
 
+from .._usercode import UserCodeError
 from ..providers import PriceTable
 from ..replay import (
     AiohttpUpstream,
@@ -29,9 +33,11 @@ from ..replay import (
     ForkRunner,
     ForkSpec,
     RateLimiter,
+    RetryPolicy,
     SpendLimit,
 )
 from ..tape import parse_tape
+from ._health import WorkerHealth, never_sent
 
 log = structlog.get_logger("car_ray.execute")
 
@@ -48,6 +54,7 @@ class WorkerConfig:
     requests_per_minute: float | None = None
     tokens_per_minute: float | None = None
     max_threads: int = 128
+    max_attempts: int = 6  # of a call the provider fails (RetryPolicy)
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,9 @@ class ForkWorker:
             agent,
             scorer,
             base_urls=BaseUrls(**config.base_urls),
-            upstream=AiohttpUpstream(limiter=limiter),
+            upstream=AiohttpUpstream(
+                retry=RetryPolicy(max_attempts=config.max_attempts), limiter=limiter
+            ),
             prices=PriceTable.load(Path(config.pricing) if config.pricing else None),
             api_keys={k: v for k, v in keys.items() if v},
             max_threads=config.max_threads,
@@ -106,9 +115,14 @@ class ForkWorker:
         await self._ensure(tapes)
         try:
             await self.runner.replay(tape_id)
+            recorded_outcome = self.runner.recorded_outcome(tape_id)
         except DivergenceError as exc:
             return {"ok": False, "divergence": exc.render()}
-        return {"ok": True, "recorded_outcome": self.runner.recorded_outcome(tape_id)}
+        except UserCodeError as exc:
+            # As data: raised through Ray it would reach the user as an actor's repr and a
+            # remote stack; the driver raises it again (`RayExecutor.verify`).
+            return {"ok": False, "user_code_error": exc.as_dict()}
+        return {"ok": True, "recorded_outcome": recorded_outcome}
 
     async def run_batch(
         self, tapes: dict[str, Any], items: list[tuple[str, str, int, str]]
@@ -297,6 +311,8 @@ class RayExecutor:
             num_cpus=0,
             max_concurrency=max(4, per_worker_in_flight // batch_size + 4),
             max_restarts=-1,
+            # No call runs twice (a fork may have spent before its worker died); and Ray
+            # fails a call to a restarting worker at once, unsent, for `wait` to send again.
             max_task_retries=0,
         )
         # Ray's stubs do not type actor handles' remote methods: handles are Any here.
@@ -304,14 +320,19 @@ class RayExecutor:
         self.batch_size = batch_size
         self._tapes: dict[str, Any] = {}
         self._pending: dict[Any, tuple[int, list[Item]]] = {}
-        self._next = 0
+        self._health = WorkerHealth(self.workers)
+        # Batches Ray never sent (their worker was restarting), waiting for a live worker.
+        self._parked: list[list[Item]] = []
         self.lost_batches = 0
+        self.rerouted_batches = 0
 
     def add_tape(self, tape_id: str, raw: bytes) -> None:
         self._tapes[tape_id] = ray.put(raw)
 
     def verify(self, tape_id: str) -> dict[str, Any]:
         result: dict[str, Any] = ray.get(self.workers[0].verify.remote(self._tapes, tape_id))
+        if "user_code_error" in result:
+            raise UserCodeError(**result["user_code_error"])
         return result
 
     def worker_pids(self) -> list[int]:
@@ -319,14 +340,34 @@ class RayExecutor:
 
     @property
     def in_flight(self) -> int:
-        return sum(len(items) for _, items in self._pending.values())
+        return sum(len(items) for _, items in self._pending.values()) + sum(
+            len(items) for items in self._parked
+        )
+
+    def in_flight_by_worker(self) -> list[int]:
+        """Forks sent to each worker (in `workers` order) and not yet answered."""
+        load = [0] * len(self.workers)
+        for index, items in self._pending.values():
+            load[index] += len(items)
+        return load
 
     def submit(self, items: Sequence[Item]) -> None:
-        """Hand forks to the workers in batches, round robin."""
-        for start in range(0, len(items), self.batch_size):
-            batch = list(items[start : start + self.batch_size])
-            index = self._next % len(self.workers)
-            self._next += 1
+        """Hand forks to the workers in batches, each to the live worker with the least work."""
+        self._send(
+            [
+                list(items[start : start + self.batch_size])
+                for start in range(0, len(items), self.batch_size)
+            ]
+        )
+
+    def _send(self, batches: list[list[Item]]) -> None:
+        load = self.in_flight_by_worker()
+        for batch in batches:
+            index = self._health.pick(load)
+            if index is None:  # every worker is restarting: the batch waits for one
+                self._parked.append(batch)
+                continue
+            load[index] += len(batch)
             payload = [
                 (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json())
                 for i in batch
@@ -335,27 +376,44 @@ class RayExecutor:
             self._pending[ref] = (index, batch)
 
     def wait(self, timeout_s: float = 0.5) -> Iterable[list[dict[str, Any]] | BatchLost]:
-        """Finished batches: their rows, or `BatchLost` for a batch whose worker died."""
-        if not self._pending:
+        """Finished batches: their rows, or `BatchLost` for a batch whose worker died while it
+        may have been running. A batch that Ray never sent (its worker was restarting) goes
+        to a live worker instead, unseen: nothing of it ran."""
+        pings = self._health.pings()
+        waiting = [*self._pending, *pings]
+        if not waiting:
+            if self._parked:  # every worker is down and the next ping is not due yet
+                time.sleep(min(timeout_s, self._health.next_ping_s()))
             return []
-        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout_s)
+        ready, _ = ray.wait(waiting, num_returns=1, timeout=timeout_s)
         # Take everything else that is already done too, without waiting.
         if ready:
             more, _ = ray.wait(
-                [r for r in self._pending if r not in ready],
-                num_returns=len(self._pending) - len(ready),
+                [r for r in waiting if r not in ready],
+                num_returns=len(waiting) - len(ready),
                 timeout=0,
             )
             ready = ready + more
         out: list[list[dict[str, Any]] | BatchLost] = []
         for ref in ready:
-            _, batch = self._pending.pop(ref)
+            if self._health.answered(ref):
+                continue
+            index, batch = self._pending.pop(ref)
             try:
                 out.append(ray.get(ref))
             except RayActorError as exc:
+                self._health.failed(index, exc)
+                if never_sent(exc):
+                    self.rerouted_batches += 1
+                    log.info("batch_rerouted", forks=len(batch), worker=index)
+                    self._parked.append(batch)
+                    continue
                 self.lost_batches += 1
                 log.warning("batch_lost", forks=len(batch), error=type(exc).__name__)
                 out.append(BatchLost(batch, exc))
+        if self._parked:
+            parked, self._parked = self._parked, []
+            self._send(parked)
         return out
 
     def shutdown(self) -> None:
@@ -363,3 +421,4 @@ class RayExecutor:
             ray.kill(worker)
         self.workers = []
         self._pending.clear()
+        self._parked.clear()

@@ -121,12 +121,23 @@ class AgentContext:
         return client
 
     def tool(
-        self, name: str, fn: Callable[..., Any], *args: Any, effect: bool = False, **kwargs: Any
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        /,
+        *args: Any,
+        effect: bool = False,
+        **kwargs: Any,
     ) -> Any:
-        """Call a tool as a recorded step. For an async `fn` this returns an awaitable.
+        """Call `fn(*args, **kwargs)` as a recorded step. For an async `fn` this returns an
+        awaitable.
 
         `effect=True` marks a tool with side effects (a refund, an email): it only ever runs
-        while recording; replays and forks serve its recorded result or stop the fork."""
+        while recording; replays and forks serve its recorded result or stop the fork.
+        `name` and `fn` are positional-only, so a tool's own `name=` or `fn=` argument
+        reaches it; `effect` is car-ray's keyword and never reaches the tool: bind a tool
+        argument of that name with a lambda or `functools.partial` (it is then not among
+        the recorded arguments a replay compares)."""
         if inspect.iscoroutinefunction(fn):
             return self._run.atool(name, fn, args, kwargs, effect)
         return self._run.tool(name, fn, args, kwargs, effect)

@@ -16,6 +16,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .._canon import canonical_bytes, digest_of
+from .._usercode import UserCodeError
 from ..providers import PriceTable
 from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent, load_tape
 from ._context import AgentContext
@@ -27,6 +28,7 @@ from ._run import (
     ForkAborted,
     InterventionError,
     Plan,
+    ProviderFailed,
     Run,
     SpendLimit,
     Tail,
@@ -39,7 +41,12 @@ log = structlog.get_logger("car_ray.fork")
 
 AgentFn = Callable[[AgentContext], Any]
 ScorerFn = Callable[[Any, list[dict[str, Any]]], float]
-Status = Literal["ok", "divergence", "blocked_effect", "budget_cut", "error"]
+# Scored: ok, blocked_effect, agent_error (what the agent did under the intervention). Not
+# scored: divergence, budget_cut (no whole run), provider_error (the provider failed, not the
+# agent: retried as a new attempt), error (the fork could not run, or its scorer failed).
+Status = Literal[
+    "ok", "divergence", "blocked_effect", "budget_cut", "agent_error", "provider_error", "error"
+]
 
 
 class ForkSpec(BaseModel):
@@ -92,6 +99,8 @@ class ForkRow(BaseModel):
     # the tape), and how many of its calls drew fresh randomness.
     first_deviation: int | None = None
     fresh_draws: int = 0
+    # A provider_error's final HTTP status (None: a timeout or a broken connection).
+    provider_status: int | None = None
 
 
 @dataclass
@@ -168,7 +177,7 @@ class _Engine:
             else:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._threads, self.agent, ctx)
-        except (EffectBlocked, ForkAborted, BudgetCut) as exc:
+        except (EffectBlocked, ForkAborted, BudgetCut, ProviderFailed) as exc:
             error = exc
         except Exception as exc:
             error = exc
@@ -284,9 +293,13 @@ class ForkRunner:
         return self._recorded_outcomes[tape_id]
 
     def _score(self, result: Any, trajectory: list[dict[str, Any]]) -> float:
-        value = float(self.scorer(result, trajectory))
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
+        try:
+            value = float(self.scorer(result, trajectory))
+        except Exception as exc:
+            raise UserCodeError.of("scorer", self.scorer, exc) from exc
+        if not 0.0 <= value <= 1.0:  # NaN too: every comparison with it is False
+            bad = ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
+            raise UserCodeError.of("scorer", self.scorer, bad)
         return value
 
     def check(self, spec: ForkSpec) -> None:
@@ -321,13 +334,21 @@ class ForkRunner:
         outcome = await self._engine.execute(run, tape.header.input)
         if run.divergence is not None:
             raise run.divergence
+        assert tape.seal is not None
+        recorded_error = tape.seal.error.type if tape.seal.error else None
+        # car-ray's own stops are BaseExceptions: an Exception is the agent's own failure.
+        if isinstance(outcome.error, Exception) and type(outcome.error).__name__ != recorded_error:
+            raise UserCodeError.of(
+                "agent",
+                self._engine.agent,
+                outcome.error,
+                when=f"on the tape's input (after {run.step} of its {len(tape.steps)} steps)",
+            )
         if run.step < len(tape.steps):
             raise DivergenceError(
                 run.step,
                 f"the agent stopped after {run.step} steps; the tape has {len(tape.steps)}",
             )
-        assert tape.seal is not None
-        recorded_error = tape.seal.error.type if tape.seal.error else None
         observed_error = type(outcome.error).__name__ if outcome.error else None
         if recorded_error != observed_error:
             raise DivergenceError(
@@ -392,7 +413,12 @@ class ForkRunner:
         status: Status = "ok"
         score: float | None = None
         error: str | None = None
-        if run.divergence is not None:
+        if run.provider_failure is not None:
+            # The agent may have seen the failure and gone on: whatever it did then is not
+            # its answer to the intervention.
+            status = "provider_error"
+            error = f"provider failed at {run.provider_failure}"
+        elif run.divergence is not None:
             status = "divergence"
         elif run.cut:
             # An unfinished run has no outcome: scoring it would bias toward short tails.
@@ -401,7 +427,7 @@ class ForkRunner:
             if run.blocked is not None:
                 status = "blocked_effect"
             elif outcome.error is not None:
-                status = "error"
+                status = "agent_error"
                 error = f"{type(outcome.error).__name__}: {outcome.error}"
             try:
                 # A blocked effect or a crash is still scored: the trajectory shows the
@@ -433,6 +459,7 @@ class ForkRunner:
             error=error,
             first_deviation=first_deviation(run.trajectory, tape),
             fresh_draws=run.fresh_draws,
+            provider_status=run.provider_failure.status if run.provider_failure else None,
         )
         return row, run.trajectory
 

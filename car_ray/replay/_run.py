@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import aiohttp
+import httpx2
 import structlog
 from pydantic import BaseModel, ConfigDict
 
@@ -65,6 +67,27 @@ class EffectBlocked(BaseException):
 
 class ForkAborted(BaseException):
     """Raised into the agent after a divergence, so a fork cannot go on off the tape."""
+
+
+class ProviderFailed(BaseException):
+    """Raised into the agent when a fork's live call ends, after its retries, in a provider
+    failure (429, 408, 409, 5xx, a timeout or a broken connection): the fork has no outcome,
+    it is not the agent's doing. A BaseException so that an agent's `except Exception`
+    cannot turn an outage into an outcome."""
+
+    def __init__(self, step: int, status: int | None, message: str) -> None:
+        self.step = step
+        self.status = status
+        super().__init__(f"step {step}: {message}")
+
+
+# Final answers that are the provider's failure, not the model's: the retry policy's
+# statuses and every 5xx.
+PROVIDER_FAILURE_STATUSES = frozenset({408, 409, 429})
+
+
+def is_provider_failure(status: int) -> bool:
+    return status in PROVIDER_FAILURE_STATUSES or status >= 500
 
 
 class ToolFailed(Exception):
@@ -125,6 +148,8 @@ class SpendLimit(BaseModel):
     # The output a call without max_tokens is assumed to stay under (the same number the
     # reservation was made with).
     default_output_tokens: int = 1024
+    # Input tokens per byte of request JSON the reservation was sized with (call_bound).
+    tokens_per_byte: float = 1 / 3
 
 
 class BudgetCut(BaseException):
@@ -135,10 +160,15 @@ DEFAULT_MAX_OUTPUT_TOKENS = 1024
 
 
 def call_bound(
-    body: Any, prices: PriceTable, model: str, default_output: int = DEFAULT_MAX_OUTPUT_TOKENS
+    body: Any,
+    prices: PriceTable,
+    model: str,
+    default_output: int = DEFAULT_MAX_OUTPUT_TOKENS,
+    tokens_per_byte: float = 1 / 3,
 ) -> tuple[int, float]:
     """An upper estimate of one live call's tokens and cost, made before sending it:
-    input from the body's size (fewer than one token per 3 bytes of canonical JSON), output
+    input from the body's size (`tokens_per_byte` of its canonical JSON: fewer than one
+    token per 3 bytes for any tokenizer; a job learns its provider's from its tape), output
     from its max_tokens (or `default_output` when the request sets none)."""
     size = len(canonical_bytes(body)) if body is not None else 0
     out = default_output
@@ -147,7 +177,7 @@ def call_bound(
             if isinstance(body.get(key), int):
                 out = body[key]
                 break
-    usage = Usage(size // 3 + 1, out)
+    usage = Usage(int(size * tokens_per_byte) + 1, out)
     return usage.input_tokens + usage.output_tokens, prices.cost_usd(model, usage)
 
 
@@ -277,6 +307,7 @@ class Run:
         self.spend = Spend()
         self.divergence: DivergenceError | None = None
         self.blocked: str | None = None
+        self.provider_failure: ProviderFailed | None = None
         self.swap: SwapPolicy | None = None
         self.limit = limit
         self.cut = False
@@ -300,6 +331,8 @@ class Run:
                 raise ForkAborted(self.divergence.summary())
             if self.blocked is not None:
                 raise EffectBlocked(self.blocked)
+            if self.provider_failure is not None:
+                raise self.provider_failure
             k = self.step
             self.step += 1
             return k
@@ -415,12 +448,34 @@ class Run:
                 )
         return await self._live(k, request, body)
 
+    async def _send_fork_call(self, k: int, wire: WireRequest) -> WireResponse:
+        """A fork's live call; a provider failure after the upstream's retries ends the fork
+        as `provider_error` (recording keeps the answer: the agent saw it live)."""
+        assert self.upstream is not None
+        try:
+            response = await self.upstream.send(wire)
+        except (TimeoutError, aiohttp.ClientError, httpx2.TransportError) as exc:
+            failure = ProviderFailed(k, None, f"{type(exc).__name__}: {exc}".rstrip(": "))
+        else:
+            if not is_provider_failure(response.status):
+                return response
+            self.spend.retries += response.retries
+            text = response.body[:200].decode("utf-8", "replace")
+            failure = ProviderFailed(k, response.status, f"HTTP {response.status}: {text}")
+        self.provider_failure = failure
+        log.info("provider_failure", step=k, status=failure.status)
+        raise failure
+
     def _check_limit(self, k: int, body: Any) -> None:
         assert self.limit is not None
         # Sized like the reservation was (canonical JSON), so a fork that repeats its
         # recorded calls always fits the reservation made for it.
         tokens, usd = call_bound(
-            body, self.prices, model_of(body), self.limit.default_output_tokens
+            body,
+            self.prices,
+            model_of(body),
+            self.limit.default_output_tokens,
+            self.limit.tokens_per_byte,
         )
         spend = self.spend
         over_usd = self.limit.usd is not None and spend.cost_usd + usd > self.limit.usd
@@ -518,9 +573,11 @@ class Run:
             and (self.limit.usd is not None or self.limit.tokens is not None)
         ):
             self._check_limit(k, body)
-        response = await self.upstream.send(
-            WireRequest(request.method, request.url, headers, request.body)
-        )
+        wire = WireRequest(request.method, request.url, headers, request.body)
+        if record:
+            response = await self.upstream.send(wire)
+        else:
+            response = await self._send_fork_call(k, wire)
         stream = bool(isinstance(body, dict) and body.get("stream"))
         action: Action | None = None
         usage = Usage()

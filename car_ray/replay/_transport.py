@@ -5,6 +5,8 @@ these is the whole recording seam."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx2
 
 from ._run import Run
@@ -36,11 +38,19 @@ class RunTransport(httpx2.BaseTransport):
 
 
 class AsyncRunTransport(httpx2.AsyncBaseTransport):
-    """For async clients on the run's own event loop."""
+    """For async clients: on the run's own event loop, or on a loop of the agent's own (a
+    sync agent that calls `asyncio.run` inside, as frameworks' `run_sync` do). The exchange
+    always runs on the run's loop, whose live connections belong to it; a foreign loop
+    awaits its answer."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        answer = await self.run.exchange(_wire(request, await request.aread()))
+        wire = _wire(request, await request.aread())
+        if asyncio.get_running_loop() is self.run.loop:
+            answer = await self.run.exchange(wire)
+        else:
+            future = asyncio.run_coroutine_threadsafe(self.run.exchange(wire), self.run.loop)
+            answer = await asyncio.wrap_future(future)
         return _response(request, answer)

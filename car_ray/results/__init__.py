@@ -4,26 +4,33 @@ and `job.json`, each file written whole under a temporary name and renamed."""
 from __future__ import annotations
 
 from ._jobjson import read_job_json, write_job_json
+from ._lock import JobBusy, hold_job
 from ._parquet import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
     ForkSink,
+    OutputError,
     SchemaError,
     Stage,
     StepKind,
     fork_record,
     write_attribution,
+    writing,
 )
 
 __all__ = [
     "ATTRIBUTION_SCHEMA",
     "FORK_SCHEMA",
     "ForkSink",
+    "JobBusy",
+    "OutputError",
     "SchemaError",
     "Stage",
     "StepKind",
     "fork_record",
+    "hold_job",
     "read_job_json",
     "write_attribution",
     "write_job_json",
+    "writing",
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -52,6 +54,7 @@ FORK_SCHEMA = pa.schema(
         pa.field("error", pa.string()),
         pa.field("first_deviation", pa.int32()),
         pa.field("fresh_draws", pa.int64(), nullable=False),
+        pa.field("provider_status", pa.int32()),
         # Where and how the job ran it.
         pa.field("job_id", pa.string(), nullable=False),
         pa.field("stage", pa.string(), nullable=False),
@@ -103,6 +106,31 @@ _ATTRIBUTION_VALUES: dict[str, frozenset[str]] = {"kind": frozenset(get_args(Ste
 
 class SchemaError(ValueError):
     """A row that does not fit its table's schema; the message names the field."""
+
+
+class OutputError(RuntimeError):
+    """The job's output cannot be written (a full or read-only disk) or another run holds it;
+    the message names the path and says what to do."""
+
+
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+_READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
+
+
+@contextlib.contextmanager
+def writing(path: str) -> Iterator[None]:
+    """Turn a full or read-only disk met while writing `path` into an `OutputError` that says
+    so in one line; other errors pass unchanged."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM | _READ_ONLY:
+            raise
+        until = "there is room" if exc.errno in _NO_ROOM else "it is writable again"
+        raise OutputError(
+            f"cannot write {path}: {exc.strerror or exc}. What the job wrote before is kept; "
+            f"run the same command again once {until} to resume the job."
+        ) from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,6 +233,26 @@ class _RowShape:
     def table(self, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
         return pa.Table.from_pylist(list(rows), schema=self.schema)
 
+    def to_json(self, record: Mapping[str, Any]) -> bytes:
+        """A normalized row as one JSON line (timestamps in ISO 8601, with their offset)."""
+        return (json.dumps(record, default=_iso) + "\n").encode("ascii")
+
+    def from_json(self, line: bytes) -> dict[str, Any]:
+        """A row from `to_json`'s line: the schema's timestamp fields parsed, then checked."""
+        row = json.loads(line)
+        if not isinstance(row, dict):
+            raise SchemaError(f"{self.what}: expected a JSON object, got {type(row).__name__}")
+        for field in self.schema:
+            if pa.types.is_timestamp(field.type) and isinstance(row.get(field.name), str):
+                row[field.name] = datetime.fromisoformat(row[field.name])
+        return self.normalize(row)
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
 
 _FORK_ROWS = _RowShape.of("fork row", "task_id", FORK_SCHEMA, _FORK_VALUES)
 _ATTRIBUTION_ROWS = _RowShape.of("attribution row", "step", ATTRIBUTION_SCHEMA, _ATTRIBUTION_VALUES)
@@ -268,10 +316,11 @@ class JobDir:
             self.fs.create_dir(path, recursive=True)
             return
         created = not os.path.isdir(path)
-        os.makedirs(path, exist_ok=True)
-        if created:
-            # The new folder's own entry must survive a crash too, not only its files.
-            _fsync_dir(os.path.dirname(path))
+        with writing(path):
+            os.makedirs(path, exist_ok=True)
+            if created:
+                # The new folder's own entry must survive a crash too, not only its files.
+                _fsync_dir(os.path.dirname(path))
 
     def files(self, *names: str) -> list[str]:
         """Base names of the files in a folder (empty if it does not exist), sorted."""
@@ -303,11 +352,12 @@ class JobDir:
         temp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
         try:
             if self.local:
-                with open(temp, "xb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(temp, final)
+                with writing(final):
+                    with open(temp, "xb") as f:
+                        f.write(data)
+                        f.flush()
+                        _sync_data(f.fileno())
+                    os.replace(temp, final)
                 _fsync_dir(folder)
             else:
                 with self.fs.open_output_stream(temp) as stream:
@@ -317,6 +367,12 @@ class JobDir:
             with contextlib.suppress(OSError):
                 self.fs.delete_file(temp)
             raise
+
+
+def _sync_data(fd: int) -> None:
+    """Make a file's written bytes durable: the one place data reaches the disk (fdatasync
+    where there is one: the file's size is synced, its times need not be)."""
+    getattr(os, "fdatasync", os.fsync)(fd)
 
 
 def _fsync_dir(path: str) -> None:
@@ -349,14 +405,108 @@ def _read_parts(job: JobDir, columns: list[str] | None = None) -> pa.Table:
 
 
 # ---------------------------------------------------------------------------------------------
+# The journal: the rows `add` took that no part holds yet, each synced before `add` returns.
+
+# A leading '_' keeps it out of every Parquet reader's way (pyarrow, Spark, `forks/*.parquet`).
+_JOURNAL = "_journal.jsonl"
+
+
+def _journal_rows(data: bytes, path: str) -> list[dict[str, Any]]:
+    """The journal's rows up to its last whole line (a torn last line was never acknowledged)."""
+    rows: list[dict[str, Any]] = []
+    whole = data[: data.rfind(b"\n") + 1]
+    for number, line in enumerate(whole.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(_FORK_ROWS.from_json(line))
+        except ValueError as exc:  # SchemaError and json's errors alike
+            raise SchemaError(
+                f"{path}, line {number}: {exc} (the journal of rows not yet in a part; "
+                "this car-ray cannot read it)"
+            ) from None
+    return rows
+
+
+class _Journal:
+    """`forks/_journal.jsonl` of a local job: one JSON line per row, appended and synced, so a
+    row is on disk when `ForkSink.add` returns; emptied once a part holds its rows."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            data = b""
+        self.replayed = _journal_rows(data, path)
+        # The file's length up to its last whole line: what it holds once a torn tail is cut.
+        self._length = data.rfind(b"\n") + 1
+        self._torn = self._length != len(data)
+        self._fd: int | None = None
+
+    def append(self, line: bytes) -> None:
+        with writing(self.path):
+            fd = self._open()
+            try:
+                if self._torn:
+                    os.ftruncate(fd, self._length)
+                    self._torn = False
+                view = memoryview(line)
+                while view:
+                    view = view[os.write(fd, view) :]
+                _sync_data(fd)
+            except OSError:
+                # A part of a line left here would glue itself to the next one: cut it off
+                # now, or before the next append.
+                self._torn = True
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, self._length)
+                    self._torn = False
+                raise
+        self._length += len(line)
+
+    def clear(self) -> None:
+        """Forget every row (a part holds them now). Not synced: should the old lines come
+        back after a crash, the next sink drops the rows a part holds."""
+        if self._length == 0 and not self._torn:
+            return
+        with writing(self.path):
+            os.ftruncate(self._open(), 0)
+        self._length, self._torn = 0, False
+
+    def close(self) -> None:
+        """Close the file; remove it if it holds no row."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._length == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def _open(self) -> int:
+        if self._fd is None:
+            created = not os.path.exists(self.path)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            if created:
+                # The file's entry in its folder must survive a crash too, not only its lines.
+                _fsync_dir(os.path.dirname(self.path))
+        return self._fd
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 class ForkSink:
     """Streams fork rows to `<out>/<job_id>/forks/part-<seq>-<uuid>.parquet`, one file per
     flush, each complete or absent; a task id already written is dropped, so resume is exact.
 
-    One sink per job at a time. `out` is a local folder or a pyarrow filesystem URI (s3://,
-    gs://, ...); off the local disk a part is as atomic as that filesystem's move."""
+    On a local folder a row is durable when `add` returns: it is appended to
+    `forks/_journal.jsonl` and synced, and the journal is emptied once a part holds its rows;
+    the next sink (or `existing`) reads what a killed one left there. One sink per job at a
+    time. `out` may also be a pyarrow filesystem URI (s3://, gs://, ...): there is no journal
+    there (no append), rows are durable at each flush, a part as atomic as that filesystem's
+    move."""
 
     def __init__(
         self,
@@ -393,8 +543,17 @@ class ForkSink:
                 seq = max(seq, int(part.group(1)))
         self._seq = seq
         written = _read_parts(self._job, ["task_id"]).column("task_id").to_pylist()
-        self._existing = frozenset(written)
         self._seen: set[str] = set(written)
+        self._journal: _Journal | None = None
+        if self._job.local:
+            self._journal = _Journal(self._job.join("forks", _JOURNAL))
+            for record in self._journal.replayed:
+                # A row can be in both when a sink was killed between a part and clearing
+                # the journal: the part's copy counts.
+                if record["task_id"] not in self._seen:
+                    self._seen.add(record["task_id"])
+                    self._buffer.append(record)
+        self._existing = frozenset(self._seen)
         self._last_flush = clock()
 
     @property
@@ -404,8 +563,20 @@ class ForkSink:
 
     @classmethod
     def existing(cls, out: str | Path, job_id: str) -> pa.Table:
-        """Every fork row already written for the job (an empty table if none), in write order."""
-        return _read_parts(JobDir.of(out, job_id))
+        """Every fork row already written for the job, in its parts or its journal (an empty
+        table if none), in write order. Reads only: the next sink compacts the journal."""
+        job = JobDir.of(out, job_id)
+        parts = _read_parts(job)
+        data = job.read_bytes("forks", _JOURNAL)
+        if not data:
+            return parts
+        seen = set(parts.column("task_id").to_pylist())
+        journaled = []
+        for record in _journal_rows(data, job.join("forks", _JOURNAL)):
+            if record["task_id"] not in seen:
+                seen.add(record["task_id"])
+                journaled.append(record)
+        return pa.concat_tables([parts, _FORK_ROWS.table(journaled)])
 
     def existing_task_ids(self) -> frozenset[str]:
         """The task ids that were on disk when this sink opened: the forks a resumed job skips."""
@@ -416,8 +587,9 @@ class ForkSink:
         return task_id in self._seen
 
     def add(self, row: Mapping[str, Any]) -> bool:
-        """Check and buffer one row (see `fork_record`); False if its task id was already
-        written or added (counted in `duplicates_dropped`). Flushes when due."""
+        """Check and journal one row (see `fork_record`): on a local folder it is on disk when
+        this returns. False if its task id was already written or added (counted in
+        `duplicates_dropped`). Flushes when due; `OutputError` if the disk is full."""
         record = _FORK_ROWS.normalize(row)
         if record["job_id"] != self.job_id:
             raise SchemaError(
@@ -429,6 +601,9 @@ class ForkSink:
                 raise RuntimeError(f"the fork sink of job {self.job_id!r} is closed")
             accepted = record["task_id"] not in self._seen
             if accepted:
+                if self._journal is not None:
+                    # On disk before it counts: a full disk raises here, the row not taken.
+                    self._journal.append(_FORK_ROWS.to_json(record))
                 self._seen.add(record["task_id"])
                 self._buffer.append(record)
             else:
@@ -448,11 +623,17 @@ class ForkSink:
             return self._flush_locked()
 
     def close(self) -> None:
-        """Flush what is buffered; the sink takes no more rows."""
+        """Flush what is buffered; the sink takes no more rows, also if the flush fails (the
+        journal keeps the rows for the next sink)."""
         with self._lock:
-            if not self._closed:
+            if self._closed:
+                return
+            self._closed = True
+            try:
                 self._flush_locked()
-                self._closed = True
+            finally:
+                if self._journal is not None:
+                    self._journal.close()
 
     def __enter__(self) -> ForkSink:
         return self
@@ -470,17 +651,18 @@ class ForkSink:
 
     def _flush_locked(self) -> int:
         self._last_flush = self._clock()
-        if not self._buffer:
-            return 0
-        data = _parquet_bytes(_FORK_ROWS.table(self._buffer))
-        name = f"part-{self._seq + 1:06d}-{uuid.uuid4().hex}.parquet"
-        # On failure the rows stay buffered, so a later flush can still write them.
-        self._job.write_atomic(data, "forks", name)
-        self._seq += 1
         count = len(self._buffer)
-        self._buffer = []
-        self.rows_written += count
-        self.parts_written += 1
+        if count:
+            data = _parquet_bytes(_FORK_ROWS.table(self._buffer))
+            name = f"part-{self._seq + 1:06d}-{uuid.uuid4().hex}.parquet"
+            # On failure the rows stay buffered (and journaled): a later flush writes them.
+            self._job.write_atomic(data, "forks", name)
+            self._seq += 1
+            self._buffer = []
+            self.rows_written += count
+            self.parts_written += 1
+        if self._journal is not None:
+            self._journal.clear()
         return count
 
 

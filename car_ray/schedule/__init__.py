@@ -26,6 +26,7 @@ from ._estimators import (
     wilson,
 )
 from ._plan import (
+    FAILED_STATUSES,
     Arm,
     JobOutcome,
     Progress,
@@ -36,6 +37,7 @@ from ._plan import (
 )
 
 __all__ = [
+    "FAILED_STATUSES",
     "Arm",
     "Budget",
     "BudgetError",

@@ -144,6 +144,9 @@ class BudgetGovernor:
         self._closed: dict[str, str] = {}  # key -> "settled" | "lost", for clear errors
         self._lost = 0
         self._refused: str | None = None
+        # (reserved, settled) of every settled fork that spent something: how close the
+        # reservations are to the truth.
+        self._settled_pairs: list[tuple[_Vec, _Vec]] = []
 
     # -- the ledger ---------------------------------------------------------------------------
 
@@ -179,6 +182,8 @@ class BudgetGovernor:
         under-reports money) and `ReservationExceeded` is raised."""
         reserved = self._close(key, "settled")
         vec = _vec(actual, f"actual cost of {key!r}")
+        if vec[1] > 0 or vec[2] > 0:
+            self._settled_pairs.append((reserved, vec))
         for d in range(3):
             self._reserved[d] -= reserved[d]
             self._spent[d] += vec[d]
@@ -270,6 +275,29 @@ class BudgetGovernor:
             "lost": self._lost,
             "elapsed_s": self.elapsed_s,
             "exhausted": self.exhausted,
+            "reservations": self.reservation_report(),
+        }
+
+    def reservation_report(self) -> dict[str, Any]:
+        """Reserved against settled, over the settled forks that spent anything: totals and
+        the median per-fork ratio (in dollars when forks cost dollars, else in tokens)."""
+        pairs = self._settled_pairs
+        d = 1 if any(actual[1] for _, actual in pairs) else 2
+        ratios = sorted(r[d] / a[d] for r, a in pairs if a[d] > 0)
+        median = None
+        if ratios:
+            mid = len(ratios) // 2
+            median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+        return {
+            "forks": len(pairs),
+            "reserved": _cost(
+                (0, sum(r[1] for r, _ in pairs), sum(r[2] for r, _ in pairs))
+            ).as_dict(),
+            "settled": _cost(
+                (0, sum(a[1] for _, a in pairs), sum(a[2] for _, a in pairs))
+            ).as_dict(),
+            "median_ratio": median,
+            "ratio_of": "usd" if d == 1 else "tokens",
         }
 
     # -- internals ----------------------------------------------------------------------------

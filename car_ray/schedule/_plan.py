@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import structlog
 
-from .._canon import digest_of
+from .._canon import canonical_bytes, digest_of
 from ..execute import BatchLost, Item
 from ..job import Job
 from ..providers import PriceTable
@@ -38,12 +39,20 @@ from ._mechanism import DeviationScreen, Interval, SeedShapley
 
 log = structlog.get_logger("car_ray.schedule")
 
+CONTROL_HINT = (
+    "the agent is not deterministic under replay. Usual causes: a client or cache shared "
+    "across concurrent runs (a module-level SDK client, a global conversation list), ids or "
+    "timestamps in request bodies not taken from ctx.now / ctx.uuid4, randomness not from "
+    "ctx.random. Check: `car-ray fork TAPE --job JOB.toml --step 0 --tail pinned` twice; "
+    "both rows must show the tape's outcome and no divergence"
+)
 CONTROL_FORKS = 4
 BASE_RATE_FORKS = 8
 SCREEN_FORKS = 4
 RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
 MIN_FORKS_PER_COALITION = 4
 OUTPUT_FLOOR_TOKENS = 256
+LEARNED_OUTPUT_FLOOR = 32
 DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all (legacy methods)
 DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 forks a step
 SCREEN_CLEAN = 20  # clean re-draws that clear a step: one leaving the tape 20% of the time is
@@ -51,6 +60,17 @@ SCREEN_CLEAN = 20  # clean re-draws that clear a step: one leaving the tape 20% 
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
+# A job's statuses that are a failed job: its CLI exits non-zero.
+FAILED_STATUSES = frozenset({"verify_failed", "control_failed", "failed"})
+# A fork's reservation is learned from settled forks of its shape (tail, first intervened
+# step) once there are this many: their most live calls, each at the worst-case call bound.
+# A fork that needs more is cut and run once more at the worst case.
+LEARN_AFTER = 4
+PROVIDER_ATTEMPTS = 4  # runs of a fork whose provider keeps failing before it is given up
+# A job whose forks mostly end unscored (divergence, error, provider_error) has failed: its
+# few scored forks are not a sample of anything.
+FAILED_SHARE = 0.5
+UNSCORED = frozenset({"divergence", "error", "provider_error"})
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,8 @@ class Progress:
     in_flight: int = 0
     resumed: int = 0
     lost: int = 0
+    # Forks whose provider failed (rows with status provider_error; each was run again).
+    provider_errors: int = 0
     spent: Cost = field(default_factory=Cost)
     caps: Budget = field(default_factory=Budget)
     leader: str = ""
@@ -191,6 +213,18 @@ class Scheduler:
         self.steps = tape.steps
         self.rows_by_arm: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         self.rows_by_task: dict[str, dict[str, Any]] = {}
+        # Every row's status (provider errors too): a mostly-failed job is a failed job.
+        self.statuses: Counter[str] = Counter()
+        # Provider failures by the fork's task id: its next attempt's row id is task/p<n>.
+        self.provider_failed: Counter[str] = Counter()
+        self.control_failed = False
+        self.attempts: dict[str, int] = {}  # a fork's next attempt number (ledger key)
+        # Live calls of settled forks by shape (tail, first intervened step): what a fork of
+        # that shape is reserved for once LEARN_AFTER have settled.
+        self.calls_by_shape: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self._learned: set[str] = set()  # ledger keys reserved at a learned estimate
+        self.output_per_call: list[int] = []  # output tokens per live call of settled forks
+        self.cut_tasks: set[str] = set()  # forks cut at a learned reservation: worst case now
         self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
         self.arms = job_arms(job, tape)
         # Every fork seed derives from the attribution's seed: the j-th fork of a counter has
@@ -231,13 +265,42 @@ class Scheduler:
             tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=self.seed_base + seed
         )
 
-    def estimate(self, spec: ForkSpec) -> Cost:
-        """An upper estimate of a fork's spend, from the recorded requests it may resend."""
+    def _shape(self, spec: ForkSpec) -> tuple[str, int]:
+        return spec.tail, min(spec.interventions, default=len(self.steps))
+
+    def estimate(self, spec: ForkSpec, *, worst: bool = False) -> Cost:
+        """What a fork is reserved for (see `reservation`)."""
+        return self.reservation(spec, worst=worst)[0]
+
+    def reservation(self, spec: ForkSpec, *, worst: bool = False) -> tuple[Cost, int, bool]:
+        """A fork's reservation, the output tokens a call without max_tokens is assumed to
+        stay under (its SpendLimit must use the same), and whether it was learned.
+
+        The worst case: every recorded model call from the first intervention on, TAIL_SLACK
+        times, plus one, each at the largest call's bound. Learned, once LEARN_AFTER forks of
+        its shape (tail, first intervened step) have settled: their most live calls, each at
+        the bound with a learned output (`output_bound`). A fork that needs more is cut at its
+        reservation, never overspent, and runs again at the worst case."""
+        seen = self.calls_by_shape.get(self._shape(spec), [])
+        worst_calls = self._tail_calls(spec)
+        learned = not worst and len(seen) >= LEARN_AFTER and max(seen) < worst_calls
+        output = self.output_bound(learned=learned)
+        bound = self._call_bound(spec, output)
+        calls = max(seen) if learned else worst_calls
+        return Cost(forks=1, usd=bound.usd * calls, tokens=bound.tokens * calls), output, learned
+
+    def _tail_calls(self, spec: ForkSpec) -> int:
         first = min(spec.interventions, default=len(self.steps))
         # Pinned tails too: a pin is lost (and the call goes live) when the run's shape
         # leaves the tape's, so every later model call may be live.
         live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
-        calls = len(live) * TAIL_SLACK + 1
+        return len(live) * TAIL_SLACK + 1
+
+    def _call_bound(self, spec: ForkSpec, output: int) -> Cost:
+        """The largest live call a fork may make (tokens, usd): the recorded requests it may
+        resend, at the model a policy swap puts in their place."""
+        first = min(spec.interventions, default=len(self.steps))
+        live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
         # Room for one call beyond the tape's, sized like its largest: also after a trailing
         # tool step, whose live tail may still call a model.
         sized = live or [e for e in self.steps if isinstance(e, LlmEvent)]
@@ -252,16 +315,33 @@ class Scheduler:
             if active and active[-1].model is not None:
                 model = active[-1].model
                 body = {**body, "model": model} if isinstance(body, dict) else body
-            t, u = call_bound(body, self.prices, model, self.output_bound)
+            t, u = call_bound(body, self.prices, model, output, self.tokens_per_byte)
             usd, tokens = max(usd, u), max(tokens, t)
-        return Cost(forks=1, usd=usd * calls, tokens=int(tokens * calls))
+        return Cost(forks=1, usd=usd, tokens=int(tokens))
 
-    @property
-    def output_bound(self) -> int:
+    def output_bound(self, *, learned: bool = False) -> int:
         """Output tokens assumed for a call that sets no max_tokens: four times the most the
-        tape's model calls produced (a fork that would need more is cut, not overspent)."""
+        tape's model calls produced, at least OUTPUT_FLOOR_TOKENS; learned (once LEARN_AFTER
+        forks made live calls), twice the most of the tape's calls and of the forks' output
+        per call, at least LEARNED_OUTPUT_FLOOR."""
         recorded = [e.usage.get("output_tokens", 0) for e in self.steps if isinstance(e, LlmEvent)]
-        return max(OUTPUT_FLOOR_TOKENS, 4 * max(recorded, default=0))
+        most = max(recorded, default=0)
+        if learned and len(self.output_per_call) >= LEARN_AFTER:
+            most = max(most, *self.output_per_call)
+            return max(LEARNED_OUTPUT_FLOOR, 2 * most)
+        return max(OUTPUT_FLOOR_TOKENS, 4 * most)
+
+    @cached_property
+    def tokens_per_byte(self) -> float:
+        """Input tokens per byte of canonical request JSON: the most the tape's own calls
+        had (their provider's tokenizer), a quarter more for safety; 1/3 without usage."""
+        ratios = [
+            e.usage.get("input_tokens", 0) / len(canonical_bytes(e.request.body))
+            for e in self.steps
+            if isinstance(e, LlmEvent) and e.request.body is not None
+        ]
+        ratios = [r for r in ratios if r > 0]
+        return min(1.0, 1.25 * max(ratios)) if ratios else 1 / 3
 
     # -- rows ------------------------------------------------------------------------------
 
@@ -270,8 +350,23 @@ class Scheduler:
         task = row["task_id"]
         if task in self.rows_by_task:
             return
-        self.rows_by_task[task] = row
         spec = ForkSpec.model_validate_json(row["spec"])
+        self.statuses[row["status"]] += 1
+        calls = row.get("tail_calls", 0)
+        if row["status"] not in ("budget_cut", "provider_error", "error"):
+            self.calls_by_shape[self._shape(spec)].append(calls)
+            if calls:
+                self.output_per_call.append(-(-row.get("tokens_out", 0) // calls))
+        if task.endswith("/cut"):
+            # Cut at a learned reservation: the fork runs again at the worst case.
+            self.cut_tasks.add(spec.task_id)
+            return
+        if row["status"] == "provider_error":
+            # Not the agent's outcome: no estimator sees it, and the fork is still to run.
+            self.provider_failed[spec.task_id] += 1
+            self.progress.provider_errors += 1
+            return
+        self.rows_by_task[task] = row
         stage = row["stage"]
         key = _arm_key(stage, spec)
         counter = _counter(stage, key)
@@ -298,7 +393,9 @@ class Scheduler:
         # bounds, so settling those may free room. Only a refusal with nothing in flight
         # means the budget is spent.
         waiting: list[tuple[str, ForkSpec]] = []
-        attempts: dict[str, int] = {}
+        # Attempts count per fork over the whole job: a stage may ask again for a fork an
+        # earlier stage gave up on, and every attempt needs its own ledger key.
+        attempts = self.attempts
         while True:
             room = window - self.executor.in_flight - len(queue)
             asked = False
@@ -358,15 +455,62 @@ class Scheduler:
                 for row in result:
                     row["job_id"] = self.job_id
                     row["finished_at"] = datetime.now(UTC)
+                    ledger_key = keys.pop(row["task_id"])
                     try:
                         self.governor.settle(
-                            keys.pop(row["task_id"]),
+                            ledger_key,
                             Cost(1, row["cost_usd"], row["tokens_in"] + row["tokens_out"]),
                         )
                     except ReservationExceeded as exc:
                         # The ledger has the true spend; say so rather than stop the job.
                         self.notes.append(f"OVERSPENT: {exc}")
                         log.warning("reservation_exceeded", task=row["task_id"], error=str(exc))
+                    if row["status"] == "budget_cut" and ledger_key in self._learned:
+                        # The learned reservation was too small for this one: keep its row
+                        # (it was paid for) and run it again at the worst case.
+                        self.progress.done += 1
+                        spec = ForkSpec.model_validate_json(row["spec"])
+                        row["task_id"] = f"{spec.task_id}/cut"
+                        self.sink.add(row)
+                        self._remember(row)
+                        attempts[spec.task_id] = row["attempt"] + 1
+                        retry = self._reserve(
+                            row["stage"], spec, keys, row["attempt"] + 1, worst=True
+                        )
+                        if retry is not None:
+                            queue.append(retry)
+                        elif self.executor.in_flight or queue:
+                            waiting.append((row["stage"], spec))
+                        else:
+                            exhausted = True
+                            on_unrun(spec)
+                        continue
+                    if row["status"] == "provider_error":
+                        self.progress.done += 1
+                        spec = ForkSpec.model_validate_json(row["spec"])
+                        failures = self.provider_failed[spec.task_id]
+                        # Its own row id: the fork's task id stays free for the run that
+                        # gets an answer.
+                        row["task_id"] = f"{spec.task_id}/p{failures}"
+                        self.sink.add(row)
+                        self._remember(row)
+                        if failures + 1 >= PROVIDER_ATTEMPTS:
+                            self.notes.append(
+                                f"gave up a fork after {PROVIDER_ATTEMPTS} provider failures "
+                                f"(last: {row['error']})"
+                            )
+                            on_unrun(spec)
+                            continue
+                        attempts[spec.task_id] = row["attempt"] + 1
+                        retry = self._reserve(row["stage"], spec, keys, row["attempt"] + 1)
+                        if retry is not None:
+                            queue.append(retry)
+                        elif self.executor.in_flight or queue:
+                            waiting.append((row["stage"], spec))
+                        else:
+                            exhausted = True
+                            on_unrun(spec)
+                        continue
                     added = self.sink.add(row)
                     if added or row["task_id"] not in self.rows_by_task:
                         # A row the sink refuses is one it already holds on disk (another
@@ -381,21 +525,53 @@ class Scheduler:
             self._tick()
 
     def _reserve(
-        self, stage: str, spec: ForkSpec, keys: dict[str, str], attempt: int = 0
+        self,
+        stage: str,
+        spec: ForkSpec,
+        keys: dict[str, str],
+        attempt: int = 0,
+        *,
+        worst: bool = False,
     ) -> Item | None:
-        estimate = self.estimate(spec)
+        worst = worst or spec.task_id in self.cut_tasks
+        estimate, output, learned = self.reservation(spec, worst=worst)
         key = f"{spec.task_id}#{attempt}"
         if not self.governor.try_reserve(key, estimate):
-            return None
+            # At a cap's edge, alone: the fork may have what is left if that holds at least
+            # one call (it is cut, never overspent, if it needs more), rather than the job
+            # stopping with its budget unspent.
+            # (Not for a fork already cut once: its rerun needs the worst case.)
+            shrunk = None if worst else self._what_is_left(spec, estimate, output)
+            if shrunk is None or not self.governor.try_reserve(key, shrunk):
+                return None
+            estimate, learned = shrunk, True
+        if learned:
+            self._learned.add(key)
         keys[spec.task_id] = key
         return Item(
             spec,
             stage,
             attempt,
             SpendLimit(
-                usd=estimate.usd, tokens=estimate.tokens, default_output_tokens=self.output_bound
+                usd=estimate.usd,
+                tokens=estimate.tokens,
+                default_output_tokens=output,
+                tokens_per_byte=self.tokens_per_byte,
             ),
         )
+
+    def _what_is_left(self, spec: ForkSpec, estimate: Cost, output: int) -> Cost | None:
+        if self.governor.in_flight:
+            return None  # settling those may make room for the whole estimate
+        left = self.governor.remaining()
+        if left.forks == 0 or (left.wall_s is not None and left.wall_s <= 0):
+            return None
+        call = self._call_bound(spec, output)
+        usd = estimate.usd if left.usd is None else min(estimate.usd, left.usd)
+        tokens = estimate.tokens if left.tokens is None else min(estimate.tokens, left.tokens)
+        if usd < call.usd or tokens < call.tokens:
+            return None
+        return Cost(forks=1, usd=usd, tokens=tokens)
 
     def _tick(self) -> None:
         self.progress.spent = self.governor.spent
@@ -430,18 +606,22 @@ class Scheduler:
         if self.spec.method == "auto":
             # The other arms first: with a seed-honouring provider each is one exact fork,
             # and Shapley may spend whatever the budget has left.
-            out_of_budget = (
-                self._held_control()
-                or self._held_arms()
-                or self._deviation_screen()
-                or self._seed_shapley()
-            )
+            if self._held_control():
+                self.status = "budget_exhausted"
+                return self._finish()
+            if self.control_failed:
+                # Every fork after it would measure the nondeterminism, not the steps.
+                self.status = "control_failed"
+                return self._finish()
+            out_of_budget = self._held_arms() or self._deviation_screen() or self._seed_shapley()
             self.status = "budget_exhausted" if out_of_budget else "complete"
             return self._finish()
         if self.spec.method == "uniform":
             self.status = "budget_exhausted" if self._uniform() else "complete"
             return self._finish()
         out_of_budget = self._controls()
+        if self.control_failed:
+            return self._finish()
         if not out_of_budget:
             out_of_budget = self._screen()
         if not out_of_budget and self.spec.method in ("auto", "flip"):
@@ -472,12 +652,14 @@ class Scheduler:
         exhausted = self._run(lambda room: list(itertools.islice(plan, room)) or None, _ignore)
         rows = [r for _, r in self._rows("controls", "held")]
         bad = [r for r in rows if r["outcome"] != r["recorded_outcome"]]
-        if bad or any(r["status"] != "ok" for r in rows):
+        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in rows):
+            self.control_failed = True
+            what = rows[0]["divergence"] or rows[0]["error"] if rows else None
             self.notes.append(
                 "NEGATIVE CONTROL FAILED: the fork that changes nothing did not reproduce the "
-                "recorded outcome; the attribution below is suspect (nondeterminism outside "
-                "the context's seams?)"
+                f"recorded outcome{f' ({what})' if what else ''}; {CONTROL_HINT}"
             )
+            log.warning("control_failed", status=rows[0]["status"] if rows else None)
         return exhausted
 
     def _deviation_screen(self) -> bool:
@@ -641,11 +823,11 @@ class Scheduler:
         exhausted = self._run(next_batch, lambda row: None)
         pinned = self.rows_by_arm[("controls", "pinned")]
         bad = [r for r in pinned if r["outcome"] != r["recorded_outcome"]]
-        if bad or any(r["status"] != "ok" for r in pinned):
+        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in pinned):
+            self.control_failed = True
             self.notes.append(
                 f"NEGATIVE CONTROL FAILED: {len(bad)} of {len(pinned)} pinned-everything forks "
-                "did not reproduce the recorded outcome; the attribution below is suspect "
-                "(nondeterminism outside the context's seams?)"
+                f"did not reproduce the recorded outcome; {CONTROL_HINT}"
             )
             log.warning("control_failed", failures=len(bad))
         base = [r for r in self.rows_by_arm[("controls", "base")] if r["outcome"] is not None]
@@ -839,6 +1021,23 @@ class Scheduler:
     # -- aggregate ----------------------------------------------------------------------------
 
     def _finish(self) -> JobOutcome:
+        total = sum(self.statuses.values())
+        unscored = sum(self.statuses[s] for s in UNSCORED)
+        if self.control_failed and self.status != "verify_failed":
+            self.status = "control_failed"
+        elif total and unscored / total > FAILED_SHARE and self.status != "verify_failed":
+            counts = ", ".join(f"{self.statuses[s]} {s}" for s in sorted(UNSCORED))
+            self.notes.append(
+                f"FAILED: {unscored} of {total} forks have no outcome ({counts}); the "
+                "attribution is not a sample of anything. See the rows' divergence, error and "
+                "provider_status columns"
+            )
+            self.status = "failed"
+        if self.progress.provider_errors:
+            self.notes.append(
+                f"{self.progress.provider_errors} forks failed at the provider and were run "
+                "again (status provider_error: never scored)"
+            )
         self._stage("aggregate")
         self.sink.flush()
         rows = self.aggregate()

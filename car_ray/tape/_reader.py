@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from .._canon import digest_of, line_bytes, sha256_hex
+from .._files import UnreadableFile, read_regular_file
 from ._model import (
     FORMAT,
     VERSION,
@@ -27,13 +28,14 @@ _EVENT = TypeAdapter(Event)
 
 
 class TapeError(ValueError):
-    """A tape that cannot be trusted: names the file, the line and what is wrong."""
+    """A tape that cannot be trusted: names the file, the line and what is wrong (line 0:
+    the file as a whole, e.g. one that cannot be read)."""
 
     def __init__(self, path: Path, line: int, problem: str) -> None:
         self.path = path
         self.line = line
         self.problem = problem
-        super().__init__(f"{path}:{line}: {problem}")
+        super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
 
 @dataclass
@@ -80,9 +82,9 @@ def load_tape(path: Path | str) -> Tape:
     """Read and verify a tape; raise `TapeError` naming the first bad line."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise TapeError(path, 0, "no such file") from None
+        raw = read_regular_file(path)
+    except UnreadableFile as exc:
+        raise TapeError(path, 0, str(exc)) from None
     return parse_tape(raw, path)
 
 
