@@ -5,8 +5,9 @@ the behaviour before), side by side in one run.
 
     .venv/bin/python benchmarks/reservations.py [--seeds 3] [--max-usd 0.02]
 
-For each attribution seed the job runs twice under no cap (the default 10 forks a step) and
-twice under `--max-usd`, in this process (LocalExecutor, the simulated provider in process: the
+For each attribution seed the job runs twice under a $1 cap it never reaches (and the default
+10 forks a step) and twice under `--max-usd` (a cap it reaches), in this process
+(LocalExecutor, the simulated provider in process: the
 scheduler, its ledger and every fork's SpendLimit are the real ones). Printed per scheme: the
 median over forks that spent anything of reserved / settled dollars, forks cut at a learned
 reservation and run again, spend against the cap (never above it), and forks the capped job
@@ -36,6 +37,9 @@ from car_ray.truth import MemorySink
 from car_ray.truth._solver import sim_runner
 
 LEARNED = plan.LEARN_AFTER
+# A dollar cap the job never reaches: reservations are learned only under a dollar or token
+# cap (without one they would only cut forks).
+GENEROUS_USD = 1.0
 
 
 def one(job: Job, tape: Tape, budget: Budget, learn_after: int) -> dict[str, Any]:
@@ -81,7 +85,7 @@ def one(job: Job, tape: Tape, budget: Budget, learn_after: int) -> dict[str, Any
 def run(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--max-usd", type=float, default=0.02)
+    parser.add_argument("--max-usd", type=float, default=0.002)
     args = parser.parse_args(argv)
     console = make_console(width=160)
     base = load_job(JOB_FILE)
@@ -90,7 +94,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for seed in range(args.seeds):
         job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-        for cap in (None, args.max_usd):
+        for cap in (GENEROUS_USD, args.max_usd):
             for name, learn_after in schemes.items():
                 got = one(job, tape, Budget(max_usd=cap), learn_after)
                 results.append({"scheme": name, "seed": seed, **got})
@@ -108,7 +112,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         table.add_column(col, justify="right")
     summary: dict[str, Any] = {}
     for name in schemes:
-        for cap in (None, args.max_usd):
+        for cap in (GENEROUS_USD, args.max_usd):
             cell = [r for r in results if r["scheme"] == name and r["cap_usd"] == cap]
             ratios = [r["median_ratio"] for r in cell if r["median_ratio"] is not None]
             over = [r for r in cell if cap is not None and r["spent_usd"] > cap + 1e-12]

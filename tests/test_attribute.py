@@ -58,9 +58,6 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
     info = read_job_json(str(tmp_path), outcome.job_id)
     assert info is not None and info["status"] == outcome.status
     assert info["ledger"]["spent"]["forks"] == len(rows)
-    # Reservations learned from settled forks: the worst case for every fork was ~23x.
-    reservations = info["ledger"]["reservations"]
-    assert reservations["median_ratio"] is not None and reservations["median_ratio"] <= 8
     assert info["ledger"]["spent"]["forks"] <= 3000
     # The Shapley candidates (the steps the screen saw make choices) are in job.json and
     # are the ranked re-drawn steps: the decision and the policy check before it.
@@ -112,8 +109,12 @@ def test_caps_hold(tmp_path: Path, support_tape: Tape, cap: str, value: float) -
     else:
         assert sum(r["cost_usd"] for r in rows) <= value
         assert spent["usd"] <= value
-        # Reservations close to the truth: the job spends most of its cap before it stops.
+        # Reservations close to the truth: the job spends most of its cap before it stops
+        # (reserving the worst case for every fork, it stopped at 14% of it), and a fork's
+        # reservation is a few times what it cost (the worst case was ~23x).
         assert spent["usd"] >= value / 2, spent
+        ratio = info["ledger"]["reservations"]["median_ratio"]
+        assert ratio is not None and ratio <= 8, info["ledger"]["reservations"]
     # It still reports what it measured, with honest intervals.
     assert any(r["flip_n"] > 0 for r in outcome.attribution)
 

@@ -147,6 +147,27 @@ def test_at_30pct_429_and_10pct_5xx_the_answer_is_the_clean_one(
         assert r["phi_lo"] - 1e-9 <= got[step]["phi"] <= r["phi_hi"] + 1e-9, (step, r, got[step])
 
 
+@pytest.mark.usefixtures("ray_local")
+def test_a_provider_down_for_good_is_a_failed_job_not_a_crash(
+    tmp_path: Path, support_tape: Tape
+) -> None:
+    """Every answer a 429 and one try a call: each fork that calls the provider is tried four
+    times under four distinct ledger keys, then given up, and the job says it failed."""
+    base = load_job(SUPPORT_JOB)
+    provider = base.spec.provider.model_copy(update={"sim_rate_429": 1.0, "max_attempts": 1})
+    job = Job(base.path, base.spec.model_copy(update={"provider": provider}))
+    folder, outcome = attribute(job, tape=support_tape, out=str(tmp_path))
+    rows = _rows(folder)
+    # The control makes no live call (the tape answers it), so it passes; then every fork
+    # that calls the provider fails at it, is tried four times and given up: a failed job.
+    assert outcome.status == "failed", outcome.notes
+    assert rows and all(r["status"] in ("ok", "provider_error") for r in rows)
+    failed = [r for r in rows if r["status"] == "provider_error"]
+    assert failed and all(r["task_id"].rsplit("/p", 1)[1] in "0123" for r in failed)
+    assert any("gave up a fork after 4 provider failures" in n for n in outcome.notes)
+    assert any(n.startswith("FAILED:") for n in outcome.notes)
+
+
 FLAKY_AGENT = '''
 """The null-control agent with a process-wide leftover: from its second run in a process on,
 it warms a cache first (a tool call the tape does not have). The first run of each process

@@ -615,6 +615,28 @@ def test_a_torn_last_journal_line_is_left_out_and_cut_before_the_next_row(
     assert not journal.exists() and len(visible_parts(tmp_path)) == 1
 
 
+def test_a_whole_but_unreadable_last_journal_line_is_left_out_and_cut(tmp_path: Path) -> None:
+    # A crash can leave a long line's last page (with its newline) on disk and not an
+    # earlier one: whole, unreadable, never acknowledged. Resume must not stop on it.
+    sink = ForkSink(tmp_path, JOB, flush_rows=100)
+    rows = [make_row(0), make_row(1)]
+    for row in rows:
+        sink.add(row)
+    journal = forks_dir(tmp_path) / "_journal.jsonl"
+    with journal.open("ab") as f:
+        f.write(b"\0" * 40 + b'ed", "job_id": "x"}\n')
+    assert [r["task_id"] for r in ForkSink.existing(tmp_path, JOB).to_pylist()] == [
+        r["task_id"] for r in rows
+    ]
+    resumed = ForkSink(tmp_path, JOB, flush_rows=100)
+    assert resumed.add(make_row(2))
+    lines = journal.read_bytes().splitlines()
+    assert [json.loads(line)["task_id"] for line in lines] == [
+        r["task_id"] for r in [*rows, make_row(2)]
+    ]
+    resumed.close()
+
+
 @pytest.mark.parametrize(
     ("code", "until"),
     [(errno.ENOSPC, "there is room"), (errno.EROFS, "it is writable again")],

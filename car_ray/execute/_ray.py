@@ -37,7 +37,7 @@ from ..replay import (
     SpendLimit,
 )
 from ..tape import parse_tape
-from ._health import WorkerHealth, never_sent
+from ._health import NoWorkers, WorkerHealth, never_sent
 
 log = structlog.get_logger("car_ray.execute")
 
@@ -323,6 +323,7 @@ class RayExecutor:
         self._health = WorkerHealth(self.workers)
         # Batches Ray never sent (their worker was restarting), waiting for a live worker.
         self._parked: list[list[Item]] = []
+        self._no_workers: NoWorkers | None = None  # found while rows were being returned
         self.lost_batches = 0
         self.rerouted_batches = 0
 
@@ -379,6 +380,8 @@ class RayExecutor:
         """Finished batches: their rows, or `BatchLost` for a batch whose worker died while it
         may have been running. A batch that Ray never sent (its worker was restarting) goes
         to a live worker instead, unseen: nothing of it ran."""
+        if self._no_workers is not None:
+            raise self._no_workers
         pings = self._health.pings()
         waiting = [*self._pending, *pings]
         if not waiting:
@@ -395,8 +398,18 @@ class RayExecutor:
             )
             ready = ready + more
         out: list[list[dict[str, Any]] | BatchLost] = []
-        for ref in ready:
-            if self._health.answered(ref):
+        # Batches first: their rows are paid for and must reach the caller even when a ping
+        # below finds the last worker dead (NoWorkers is then raised at the next wait).
+        for ref in [r for r in ready if r in self._pending] + [
+            r for r in ready if r not in self._pending
+        ]:
+            if ref not in self._pending:
+                try:
+                    self._health.answered(ref)
+                except NoWorkers as exc:
+                    if not out:
+                        raise
+                    self._no_workers = exc
                 continue
             index, batch = self._pending.pop(ref)
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -55,7 +56,9 @@ def hold_job(out: str | Path, job_id: str) -> Iterator[None]:
             yield
         finally:
             # Not the next holder's to read: a waiting run would name a process that is gone.
-            os.ftruncate(fd, 0)
+            # (On a disk that went read-only, keep the error that stopped the job.)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
     finally:
         os.close(fd)
 

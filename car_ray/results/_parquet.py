@@ -411,21 +411,27 @@ def _read_parts(job: JobDir, columns: list[str] | None = None) -> pa.Table:
 _JOURNAL = "_journal.jsonl"
 
 
-def _journal_rows(data: bytes, path: str) -> list[dict[str, Any]]:
-    """The journal's rows up to its last whole line (a torn last line was never acknowledged)."""
+def _journal_rows(data: bytes, path: str) -> tuple[list[dict[str, Any]], int]:
+    """The journal's rows, and the length of the bytes that hold them. A torn last line was
+    never acknowledged; so was a last line that is whole but unreadable (a crash can leave a
+    line's later page on disk and not an earlier one): both are left out."""
     rows: list[dict[str, Any]] = []
     whole = data[: data.rfind(b"\n") + 1]
-    for number, line in enumerate(whole.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(_FORK_ROWS.from_json(line))
-        except ValueError as exc:  # SchemaError and json's errors alike
-            raise SchemaError(
-                f"{path}, line {number}: {exc} (the journal of rows not yet in a part; "
-                "this car-ray cannot read it)"
-            ) from None
-    return rows
+    lines = whole.splitlines(keepends=True)
+    length = 0
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(_FORK_ROWS.from_json(line))
+            except ValueError as exc:  # SchemaError and json's errors alike
+                if number == len(lines):
+                    break
+                raise SchemaError(
+                    f"{path}, line {number}: {exc} (the journal of rows not yet in a part; "
+                    "this car-ray cannot read it)"
+                ) from None
+        length += len(line)
+    return rows, length
 
 
 class _Journal:
@@ -439,9 +445,8 @@ class _Journal:
                 data = f.read()
         except FileNotFoundError:
             data = b""
-        self.replayed = _journal_rows(data, path)
-        # The file's length up to its last whole line: what it holds once a torn tail is cut.
-        self._length = data.rfind(b"\n") + 1
+        self.replayed, self._length = _journal_rows(data, path)
+        # `_length`: what the file holds once a torn or unreadable last line is cut.
         self._torn = self._length != len(data)
         self._fd: int | None = None
 
@@ -566,13 +571,15 @@ class ForkSink:
         """Every fork row already written for the job, in its parts or its journal (an empty
         table if none), in write order. Reads only: the next sink compacts the journal."""
         job = JobDir.of(out, job_id)
-        parts = _read_parts(job)
+        # The journal first: a row that moves from it into a part in between is then read
+        # twice (and counted once), never missed.
         data = job.read_bytes("forks", _JOURNAL)
+        parts = _read_parts(job)
         if not data:
             return parts
         seen = set(parts.column("task_id").to_pylist())
         journaled = []
-        for record in _journal_rows(data, job.join("forks", _JOURNAL)):
+        for record in _journal_rows(data, job.join("forks", _JOURNAL))[0]:
             if record["task_id"] not in seen:
                 seen.add(record["task_id"])
                 journaled.append(record)

@@ -219,6 +219,7 @@ class Scheduler:
         self.provider_failed: Counter[str] = Counter()
         self.control_failed = False
         self.attempts: dict[str, int] = {}  # a fork's next attempt number (ledger key)
+        self.given_up = 0  # forks given up after PROVIDER_ATTEMPTS provider failures
         # Live calls of settled forks by shape (tail, first intervened step): what a fork of
         # that shape is reserved for once LEARN_AFTER have settled.
         self.calls_by_shape: dict[tuple[str, int], list[int]] = defaultdict(list)
@@ -283,7 +284,10 @@ class Scheduler:
         reservation, never overspent, and runs again at the worst case."""
         seen = self.calls_by_shape.get(self._shape(spec), [])
         worst_calls = self._tail_calls(spec)
-        learned = not worst and len(seen) >= LEARN_AFTER and max(seen) < worst_calls
+        # Only a dollar or token cap is served by a tighter reservation; without one, a
+        # learned reservation would only cut forks.
+        money = self.budget.max_usd is not None or self.budget.max_tokens is not None
+        learned = money and not worst and len(seen) >= LEARN_AFTER and max(seen) < worst_calls
         output = self.output_bound(learned=learned)
         bound = self._call_bound(spec, output)
         calls = max(seen) if learned else worst_calls
@@ -393,6 +397,22 @@ class Scheduler:
         # bounds, so settling those may free room. Only a refusal with nothing in flight
         # means the budget is spent.
         waiting: list[tuple[str, ForkSpec]] = []
+
+        def again(stage: str, spec: ForkSpec, attempt: int, *, worst: bool = False) -> None:
+            """Run a fork once more under a new ledger key (its last attempt is settled or
+            lost). Refused, it waits while any reservation is open: rows of this result not
+            yet settled, forks in flight or queued may free room."""
+            nonlocal exhausted
+            attempts[spec.task_id] = attempt + 1
+            retry = self._reserve(stage, spec, keys, attempt + 1, worst=worst)
+            if retry is not None:
+                queue.append(retry)
+            elif self.governor.in_flight:
+                waiting.append((stage, spec))
+            else:
+                exhausted = True
+                on_unrun(spec)
+
         # Attempts count per fork over the whole job: a stage may ask again for a fork an
         # earlier stage gave up on, and every attempt needs its own ledger key.
         attempts = self.attempts
@@ -441,16 +461,7 @@ class Scheduler:
                     self.progress.lost += len(result.items)
                     for item in result.items:
                         self.governor.lose(keys.pop(item.spec.task_id))
-                        # Every attempt has its own ledger key, also if it has to wait.
-                        attempts[item.spec.task_id] = item.attempt + 1
-                        retry = self._reserve(item.stage, item.spec, keys, item.attempt + 1)
-                        if retry is not None:
-                            queue.append(retry)
-                        elif self.executor.in_flight or queue:
-                            waiting.append((item.stage, item.spec))
-                        else:
-                            exhausted = True
-                            on_unrun(item.spec)
+                        again(item.stage, item.spec, item.attempt)
                     continue
                 for row in result:
                     row["job_id"] = self.job_id
@@ -473,17 +484,7 @@ class Scheduler:
                         row["task_id"] = f"{spec.task_id}/cut"
                         self.sink.add(row)
                         self._remember(row)
-                        attempts[spec.task_id] = row["attempt"] + 1
-                        retry = self._reserve(
-                            row["stage"], spec, keys, row["attempt"] + 1, worst=True
-                        )
-                        if retry is not None:
-                            queue.append(retry)
-                        elif self.executor.in_flight or queue:
-                            waiting.append((row["stage"], spec))
-                        else:
-                            exhausted = True
-                            on_unrun(spec)
+                        again(row["stage"], spec, row["attempt"], worst=True)
                         continue
                     if row["status"] == "provider_error":
                         self.progress.done += 1
@@ -495,21 +496,16 @@ class Scheduler:
                         self.sink.add(row)
                         self._remember(row)
                         if failures + 1 >= PROVIDER_ATTEMPTS:
+                            # Its next attempt (if a stage asks again) has a fresh key.
+                            attempts[spec.task_id] = row["attempt"] + 1
+                            self.given_up += 1
                             self.notes.append(
                                 f"gave up a fork after {PROVIDER_ATTEMPTS} provider failures "
                                 f"(last: {row['error']})"
                             )
                             on_unrun(spec)
                             continue
-                        attempts[spec.task_id] = row["attempt"] + 1
-                        retry = self._reserve(row["stage"], spec, keys, row["attempt"] + 1)
-                        if retry is not None:
-                            queue.append(retry)
-                        elif self.executor.in_flight or queue:
-                            waiting.append((row["stage"], spec))
-                        else:
-                            exhausted = True
-                            on_unrun(spec)
+                        again(row["stage"], spec, row["attempt"])
                         continue
                     added = self.sink.add(row)
                     if added or row["task_id"] not in self.rows_by_task:
@@ -652,9 +648,15 @@ class Scheduler:
         exhausted = self._run(lambda room: list(itertools.islice(plan, room)) or None, _ignore)
         rows = [r for _, r in self._rows("controls", "held")]
         bad = [r for r in rows if r["outcome"] != r["recorded_outcome"]]
-        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in rows):
+        # A control that never ran (its provider failed every try) controls nothing.
+        missing = not rows and not exhausted
+        if missing or bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in rows):
             self.control_failed = True
-            what = rows[0]["divergence"] or rows[0]["error"] if rows else None
+            what = (
+                rows[0]["divergence"] or rows[0]["error"]
+                if rows
+                else "it never ran: its provider failed every try"
+            )
             self.notes.append(
                 "NEGATIVE CONTROL FAILED: the fork that changes nothing did not reproduce the "
                 f"recorded outcome{f' ({what})' if what else ''}; {CONTROL_HINT}"
@@ -681,6 +683,10 @@ class Scheduler:
                 spec = ForkSpec.model_validate_json(row["spec"])
                 screen.observe(sorted(spec.interventions), row["first_deviation"])
 
+        def on_unrun(spec: ForkSpec) -> None:
+            nonlocal pending
+            pending -= 1
+
         def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
             nonlocal pending
             if screen.done():
@@ -692,7 +698,7 @@ class Scheduler:
             pending += len(out)
             return out
 
-        exhausted = self._run(next_batch, on_row)
+        exhausted = self._run(next_batch, on_row, on_unrun)
         if screen.strays:
             self.notes.append(
                 f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
@@ -730,7 +736,10 @@ class Scheduler:
             shap.observe(seed, coalition, row["flipped"] if row["outcome"] is not None else None)
 
         def on_unrun(spec: ForkSpec) -> None:
-            pending.discard((spec.seed - self.seed_base, frozenset(spec.interventions)))
+            seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
+            pending.discard((seed, coalition))
+            # A seed missing a coalition is incomplete: its other forks are not asked again.
+            shap.observe(seed, coalition, None)
 
         def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
             self.verdict = shap.verdict(target)
@@ -1021,12 +1030,16 @@ class Scheduler:
     # -- aggregate ----------------------------------------------------------------------------
 
     def _finish(self) -> JobOutcome:
-        total = sum(self.statuses.values())
-        unscored = sum(self.statuses[s] for s in UNSCORED)
+        # Each fork once, by its last row (a provider failure that was run again is not a
+        # failed fork), and the forks given up.
+        final = Counter(r["status"] for r in self.rows_by_task.values())
+        final["provider_error"] += self.given_up
+        total = sum(final.values())
+        unscored = sum(final[s] for s in UNSCORED)
         if self.control_failed and self.status != "verify_failed":
             self.status = "control_failed"
         elif total and unscored / total > FAILED_SHARE and self.status != "verify_failed":
-            counts = ", ".join(f"{self.statuses[s]} {s}" for s in sorted(UNSCORED))
+            counts = ", ".join(f"{final[s]} {s}" for s in sorted(UNSCORED))
             self.notes.append(
                 f"FAILED: {unscored} of {total} forks have no outcome ({counts}); the "
                 "attribution is not a sample of anything. See the rows' divergence, error and "
