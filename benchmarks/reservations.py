@@ -28,13 +28,10 @@ from rich.table import Table
 
 import car_ray.schedule._plan as plan
 from car_ray._scenario import ensure_tape
-from car_ray.execute import LocalExecutor
 from car_ray.job import Job, load_job
-from car_ray.providers import PriceTable
-from car_ray.schedule import Budget, Scheduler, job_id_of
+from car_ray.schedule import Budget
 from car_ray.tape import Tape
-from car_ray.truth import MemorySink
-from car_ray.truth._solver import sim_runner
+from car_ray.truth import run_local_scheduler
 
 LEARNED = plan.LEARN_AFTER
 # A dollar cap the job never reaches: reservations are learned only under a dollar or token
@@ -44,21 +41,9 @@ GENEROUS_USD = 1.0
 
 def one(job: Job, tape: Tape, budget: Budget, learn_after: int) -> dict[str, Any]:
     plan.LEARN_AFTER = learn_after
-    executor = LocalExecutor(sim_runner(job, tape))
-    sink = MemorySink()
     try:
-        scheduler = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=budget,
-            prices=PriceTable.load(None),
-        )
-        outcome = scheduler.run()
+        outcome, rows, scheduler = run_local_scheduler(job, tape, budget)
     finally:
-        executor.shutdown()
         plan.LEARN_AFTER = LEARNED
     ledger = scheduler.governor.snapshot()
     report = ledger["reservations"]
@@ -70,7 +55,7 @@ def one(job: Job, tape: Tape, budget: Budget, learn_after: int) -> dict[str, Any
         "median_ratio": report["median_ratio"],
         "reserved_usd": report["reserved"]["usd"],
         "settled_usd": report["settled"]["usd"],
-        "cut_and_rerun": sum(r["task_id"].endswith("/cut") for r in sink.rows),
+        "cut_and_rerun": sum(r["task_id"].endswith("/cut") for r in rows),
         "top": next(
             (
                 r["step"]

@@ -538,6 +538,16 @@ def truth_cmd(
     )
 
 
+def _scenario_jobs(job_files: list[Path] | None) -> list[Path]:
+    """The job files given, or every scenario under jobs/; each one checked to load."""
+    from .validate import suite
+
+    paths = job_files or suite()
+    if not paths:
+        raise _fail("no scenario job files: pass some, or run from the repo (jobs/*/job.toml)")
+    return [_job(p).path for p in paths]
+
+
 @app.command("validate")
 def validate_cmd(
     job_files: Annotated[
@@ -557,12 +567,9 @@ def validate_cmd(
 ) -> None:
     """Every scenario through the real runner (embedded Ray, Parquet), scored against its
     exact values: top cause, negative controls, interval coverage."""
-    from .validate import dumps, suite, summary, validate
+    from .validate import dumps, summary, validate
 
-    paths = job_files or suite()
-    if not paths:
-        raise _fail("no scenario job files: pass some, or run from the repo (jobs/*/job.toml)")
-    jobs = [_job(p).path for p in paths]
+    jobs = _scenario_jobs(job_files)
     checks = validate(jobs, forks_per_step=forks_per_step, seed=seed, console=err)
     result = summary(checks)
     if as_json:
@@ -606,13 +613,9 @@ def bench_cmd(
     (live, pinned and held tails) on every scenario with exact values; writes Parquet and a
     plot, prints the forks each scheme needs for 95% top-1."""
     from . import bench
-    from .validate import suite
 
-    paths = job_files or suite()
-    if not paths:
-        raise _fail("no scenario job files: pass some, or run from the repo (jobs/*/job.toml)")
     code = bench.main(
-        [_job(p).path for p in paths],
+        _scenario_jobs(job_files),
         quick=quick,
         scenarios=scenario,
         seeds=seeds,

@@ -9,32 +9,15 @@ from typing import Any
 import pytest
 
 import car_ray.schedule._plan as plan
-from car_ray.execute import LocalExecutor
 from car_ray.job import Job
-from car_ray.providers import PriceTable
-from car_ray.schedule import Budget, Scheduler, job_id_of
+from car_ray.schedule import Budget
 from car_ray.tape import Tape
-from car_ray.truth import MemorySink
-from car_ray.truth._solver import sim_runner
+from car_ray.truth import run_local_scheduler
 
 
 def _attribute(job: Job, tape: Tape, budget: Budget) -> tuple[Any, list[dict[str, Any]], Any]:
-    executor = LocalExecutor(sim_runner(job, tape))
-    sink = MemorySink()
-    try:
-        scheduler = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=budget,
-            prices=PriceTable.load(None),
-        )
-        outcome = scheduler.run()
-    finally:
-        executor.shutdown()
-    return outcome, sink.rows, scheduler.governor.snapshot()
+    outcome, rows, scheduler = run_local_scheduler(job, tape, budget)
+    return outcome, rows, scheduler.governor.snapshot()
 
 
 def _answer(outcome: Any) -> dict[tuple[str, int], Any]:

@@ -3,7 +3,7 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 
 from __future__ import annotations
 
-from ._local import MemorySink, run_local
+from ._local import MemorySink, run_local, run_local_scheduler
 from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "StepTruth",
     "Truth",
     "run_local",
+    "run_local_scheduler",
     "sim_runner",
     "solve",
 ]

@@ -37,6 +37,14 @@ class MemorySink:
 
 def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[dict[str, Any]]]:
     """Run `job` on `tape` under `budget` in this process: its outcome and every fork row."""
+    outcome, rows, _ = run_local_scheduler(job, tape, budget)
+    return outcome, rows
+
+
+def run_local_scheduler(
+    job: Job, tape: Tape, budget: Budget
+) -> tuple[JobOutcome, list[dict[str, Any]], Scheduler]:
+    """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`)."""
     executor = LocalExecutor(sim_runner(job, tape))
     sink = MemorySink()
     try:
@@ -52,4 +60,4 @@ def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[di
         outcome = scheduler.run()
     finally:
         executor.shutdown()
-    return outcome, sink.rows
+    return outcome, sink.rows, scheduler
