@@ -30,7 +30,9 @@ def _answer(outcome: Any) -> dict[tuple[str, int], Any]:
 def test_a_fork_cut_at_a_learned_reservation_runs_again_at_the_worst_case(
     support_job: Job, support_tape: Tape, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    budget = Budget(max_forks=60, max_usd=0.01)
+    # A dollar cap (reservations are learned only under one) that does not bind: both runs
+    # then ask for the same forks, and a cut fork costs only its rerun.
+    budget = Budget(max_usd=1.0)
     # One fork in flight: each is reserved after the ones before it settled.
     provider = support_job.spec.provider.model_copy(update={"concurrency": 1})
     support_job = Job(support_job.path, support_job.spec.model_copy(update={"provider": provider}))
@@ -51,7 +53,7 @@ def test_a_fork_cut_at_a_learned_reservation_runs_again_at_the_worst_case(
     # Forks are deterministic: the same forks, re-run, give the worst case's answer.
     assert _answer(learned) == _answer(worst)
     for snap in (ledger, worst_ledger):
-        assert snap["spent"]["forks"] <= 60 and snap["spent"]["usd"] <= 0.01 + 1e-12
+        assert snap["spent"]["usd"] <= 1.0
     assert len({r["task_id"] for r in rows}) == len(rows)
     assert worst_ledger["reservations"]["median_ratio"] > 10
     assert ledger["reservations"]["median_ratio"] < worst_ledger["reservations"]["median_ratio"]

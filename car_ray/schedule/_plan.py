@@ -62,8 +62,8 @@ ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
 # A job's statuses that are a failed job: its CLI exits non-zero.
 FAILED_STATUSES = frozenset({"verify_failed", "control_failed", "failed"})
-# A fork's reservation is learned from settled forks of its shape (tail, first intervened
-# step) once there are this many: their most live calls, each at the worst-case call bound.
+# A fork's reservation is learned from settled forks of its shape (`Scheduler._shapes`) once
+# there are this many: their most live calls, each at a call bound with a learned output.
 # A fork that needs more is cut and run once more at the worst case.
 LEARN_AFTER = 4
 PROVIDER_ATTEMPTS = 4  # runs of a fork whose provider keeps failing before it is given up
@@ -222,7 +222,7 @@ class Scheduler:
         self.given_up = 0  # forks given up after PROVIDER_ATTEMPTS provider failures
         # Live calls of settled forks by shape (tail, first intervened step): what a fork of
         # that shape is reserved for once LEARN_AFTER have settled.
-        self.calls_by_shape: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self.calls_by_shape: dict[tuple[str, Any], list[int]] = defaultdict(list)
         self._learned: set[str] = set()  # ledger keys reserved at a learned estimate
         self.output_per_call: list[int] = []  # output tokens per live call of settled forks
         self.cut_tasks: set[str] = set()  # forks cut at a learned reservation: worst case now
@@ -266,8 +266,19 @@ class Scheduler:
             tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=self.seed_base + seed
         )
 
-    def _shape(self, spec: ForkSpec) -> tuple[str, int]:
-        return spec.tail, min(spec.interventions, default=len(self.steps))
+    def _shapes(self, spec: ForkSpec) -> tuple[tuple[str, Any], tuple[str, Any]]:
+        """A fork's shapes, finest first: its tail and intervened steps (the forks of a
+        Shapley coalition across seeds), and its tail and first intervened step."""
+        first = min(spec.interventions, default=len(self.steps))
+        return (spec.tail, tuple(sorted(spec.interventions))), (spec.tail, first)
+
+    def _seen_calls(self, spec: ForkSpec) -> list[int]:
+        """Live calls of settled forks of the finest shape with LEARN_AFTER of them."""
+        for shape in self._shapes(spec):
+            seen = self.calls_by_shape.get(shape, [])
+            if len(seen) >= LEARN_AFTER:
+                return seen
+        return []
 
     def estimate(self, spec: ForkSpec, *, worst: bool = False) -> Cost:
         """What a fork is reserved for (see `reservation`)."""
@@ -279,10 +290,10 @@ class Scheduler:
 
         The worst case: every recorded model call from the first intervention on, TAIL_SLACK
         times, plus one, each at the largest call's bound. Learned, once LEARN_AFTER forks of
-        its shape (tail, first intervened step) have settled: their most live calls, each at
-        the bound with a learned output (`output_bound`). A fork that needs more is cut at its
-        reservation, never overspent, and runs again at the worst case."""
-        seen = self.calls_by_shape.get(self._shape(spec), [])
+        its shape (`_shapes`) have settled under a dollar or token cap: their most live
+        calls, each at the bound with a learned output (`output_bound`). A fork that needs
+        more is cut at its reservation, never overspent, and runs again at the worst case."""
+        seen = self._seen_calls(spec)
         worst_calls = self._tail_calls(spec)
         # Only a dollar or token cap is served by a tighter reservation; without one, a
         # learned reservation would only cut forks.
@@ -358,7 +369,8 @@ class Scheduler:
         self.statuses[row["status"]] += 1
         calls = row.get("tail_calls", 0)
         if row["status"] not in ("budget_cut", "provider_error", "error"):
-            self.calls_by_shape[self._shape(spec)].append(calls)
+            for shape in self._shapes(spec):
+                self.calls_by_shape[shape].append(calls)
             if calls:
                 self.output_per_call.append(-(-row.get("tokens_out", 0) // calls))
         if task.endswith("/cut"):
