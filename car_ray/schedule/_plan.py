@@ -491,22 +491,12 @@ class Scheduler:
                     if row["status"] == "budget_cut" and ledger_key in self._learned:
                         # The learned reservation was too small for this one: keep its row
                         # (it was paid for) and run it again at the worst case.
-                        self.progress.done += 1
-                        spec = ForkSpec.model_validate_json(row["spec"])
-                        row["task_id"] = f"{spec.task_id}/cut"
-                        self.sink.add(row)
-                        self._remember(row)
+                        spec = self._keep_attempt(row, "cut")
                         again(row["stage"], spec, row["attempt"], worst=True)
                         continue
                     if row["status"] == "provider_error":
-                        self.progress.done += 1
-                        spec = ForkSpec.model_validate_json(row["spec"])
-                        failures = self.provider_failed[spec.task_id]
-                        # Its own row id: the fork's task id stays free for the run that
-                        # gets an answer.
-                        row["task_id"] = f"{spec.task_id}/p{failures}"
-                        self.sink.add(row)
-                        self._remember(row)
+                        failures = self.provider_failed[row["task_id"]]
+                        spec = self._keep_attempt(row, f"p{failures}")
                         if failures + 1 >= PROVIDER_ATTEMPTS:
                             # Its next attempt (if a stage asks again) has a fresh key.
                             attempts[spec.task_id] = row["attempt"] + 1
@@ -531,6 +521,17 @@ class Scheduler:
                     self.progress.done += 1
             self.sink.maybe_flush()
             self._tick()
+
+    def _keep_attempt(self, row: dict[str, Any], suffix: str) -> ForkSpec:
+        """Write a paid attempt that is not the fork's answer (a provider failure, a cut at
+        a learned reservation) under its own row id, `<task>/<suffix>`: the fork's task id
+        stays free for the run that answers. Counted, never scored."""
+        self.progress.done += 1
+        spec = ForkSpec.model_validate_json(row["spec"])
+        row["task_id"] = f"{spec.task_id}/{suffix}"
+        self.sink.add(row)
+        self._remember(row)
+        return spec
 
     def _reserve(
         self,
