@@ -78,3 +78,42 @@ def test_the_screen_finds_the_choice_makers_in_few_forks() -> None:
     assert screen.candidates == [3, 30]
     assert screen.forks <= 30
     assert screen.deviation_bound(10, 0.05) < 0.15
+
+
+def test_clean_for_is_the_fewest_draws_under_a_bound() -> None:
+    """`clean_for(b)` clean draws bound a step's deviation below b, one fewer do not."""
+    screen = DeviationScreen([1], clean_needed=1)
+    for bound in (0.6, 0.3, 0.2, 0.139, 0.05):
+        n = DeviationScreen.clean_for(bound, 0.05)
+        screen.clean[1] = n
+        assert screen.deviation_bound(1, 0.05) < bound
+        screen.clean[1] = n - 1
+        assert n == 1 or screen.deviation_bound(1, 0.05) >= bound
+
+
+def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
+    """What a user reads in the table: when the job says the top separated, the top's phi_lo
+    is above the phi_hi of every step the screen cleared (0 plus or minus its deviation
+    bound; the other candidates are told apart by paired differences, which the table's
+    own intervals need not show). jobs/echo, where the top's phi is 0.45, stops on its own
+    at the default budget for most seeds: each one that does must show it."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local
+
+    job, tape = _job_and_tape("jobs/echo/job.toml")
+    stopped = 0
+    for seed in range(4):
+        spec = job.spec.model_copy(update={"attribution_seed": seed, "method": "auto"})
+        outcome, _ = run_local(Job(job.path, spec), tape, Budget())
+        if not any("separated at" in n for n in outcome.notes):
+            continue
+        stopped += 1
+        rows = [r for r in outcome.attribution if r["intervention"] == "resample"]
+        top = [r for r in rows if r["rank"] == 1]
+        assert [r["step"] for r in top] == [2]
+        for r in rows:
+            if r["rank"] is None and r["phi_hi"] is not None:
+                assert r["phi_hi"] < top[0]["phi_lo"], (seed, r["step"], r["phi_hi"])
+    assert stopped >= 2

@@ -84,6 +84,15 @@ class DeviationScreen:
         n = self.clean.get(k, 0)
         return 1.0 if n == 0 else 1.0 - alpha ** (1.0 / n)
 
+    @staticmethod
+    def clean_for(bound: float, alpha: float) -> int:
+        """The fewest clean observations whose `deviation_bound` is below `bound`."""
+        if bound >= 1.0:
+            return 1
+        if bound <= 0.0:
+            raise ValueError(f"no number of clean observations bounds a deviation by {bound}")
+        return math.floor(math.log(alpha) / math.log(1.0 - bound)) + 1
+
 
 @dataclass(frozen=True)
 class Interval:
@@ -241,7 +250,7 @@ def mean_interval(
     z = float(norm.ppf(1 - alpha / 2))
     spread = float(t.ppf(1 - alpha / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
     floor = scale * z * z / (n + z * z)
-    half = math.hypot(spread, floor)
+    half = max(spread, floor)
     return Interval(mean, max(low, mean - half), min(high, mean + half), n)
 
 

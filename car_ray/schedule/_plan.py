@@ -55,8 +55,15 @@ OUTPUT_FLOOR_TOKENS = 256
 LEARNED_OUTPUT_FLOOR = 32
 DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all (legacy methods)
 DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 forks a step
-SCREEN_CLEAN = 20  # clean re-draws that clear a step: one leaving the tape 20% of the time is
-# missed 1.2% of the time, 10%: 12% (each screen fork clears a whole block, so this is cheap)
+# The screen clears steps lazily. Its first pass stops at SCREEN_FIRST clean re-draws a step
+# (a step leaving the tape 30% of the time is missed 6% of the time, and a later pass may
+# still find it); Shapley then runs over what it found, and the screen goes on only while a
+# step it has not found could still outrank the top: until every such step's deviation
+# bound is below the top's phi_lo (at most SCREEN_MOST re-draws). When nothing makes a choice
+# the screen clears to SCREEN_CLEAN (a step leaving the tape 20% of the time is missed 1.2%).
+SCREEN_FIRST = 8
+SCREEN_CLEAN = 20
+SCREEN_MOST = 60
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
@@ -622,7 +629,7 @@ class Scheduler:
                 # Every fork after it would measure the nondeterminism, not the steps.
                 self.status = "control_failed"
                 return self._finish()
-            out_of_budget = self._held_arms() or self._deviation_screen() or self._seed_shapley()
+            out_of_budget = self._held_arms() or self._screen_and_shapley()
             self.status = "budget_exhausted" if out_of_budget else "complete"
             return self._finish()
         if self.spec.method == "uniform":
@@ -677,16 +684,70 @@ class Scheduler:
             log.warning("control_failed", status=rows[0]["status"] if rows else None)
         return exhausted
 
-    def _deviation_screen(self) -> bool:
-        """Which steps ever choose differently: blocks of steps re-drawn together, held tail
-        (see `DeviationScreen`)."""
-        self._stage("screen")
+    def _screen_and_shapley(self) -> bool:
+        """The screen, then Shapley over the steps it found, screening on beside it while a
+        step it has not found could still outrank the top (see SCREEN_FIRST); Shapley starts
+        over when the screen finds another step. True if the budget ended first."""
         steps = [a.step for a in self.arms if a.kind == "resample"]
-        screen = DeviationScreen(steps, clean_needed=SCREEN_CLEAN)
+        screen = DeviationScreen(steps, clean_needed=SCREEN_FIRST)
         self.screen = screen
         for spec, row in self._rows("screen", "held"):
             if row["outcome"] is not None:
                 screen.observe(sorted(spec.interventions), row["first_deviation"])
+        exhausted = self._deviation_screen()
+        while not exhausted:
+            if not screen.candidates:
+                if screen.clean_needed >= SCREEN_CLEAN:
+                    self.verdict = ("separated", [])
+                    break
+                # Nothing found yet: clear every step to SCREEN_CLEAN before saying so.
+                screen.clean_needed = SCREEN_CLEAN
+                exhausted = self._deviation_screen()
+                continue
+            found = len(screen.candidates)
+            exhausted = self._seed_shapley()
+            if len(screen.candidates) == found:
+                break
+        if exhausted:
+            # Shapley's verdict stands only with the screen's clearance behind it.
+            self.verdict = None
+        if screen.strays:
+            self.notes.append(
+                f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
+                "(nondeterminism outside the context's seams?)"
+            )
+        self.notes.append(
+            f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
+        )
+        shap = self.seed_shapley
+        n = len(shap.complete_seeds()) if shap is not None else 0
+        if self.verdict is None:
+            self.notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
+        elif self.verdict[1]:
+            self.notes.append(
+                f"shapley: {n} seeds; top cause {self.verdict[1]} {self.verdict[0]} at "
+                f"{self.spec.confidence:.0%}"
+            )
+        else:
+            self.notes.append("shapley: no step makes a choice that could change the outcome")
+        return exhausted
+
+    def _screen_forks(self, room: int, pending: int) -> list[tuple[str, ForkSpec]]:
+        """Up to `room` forks of the screen's block (at most SCREEN_IN_FLIGHT in flight)."""
+        assert self.screen is not None
+        block = self.screen.block()
+        if not block:
+            return []
+        plan: dict[int, Intervention] = {k: Resample() for k in block}
+        n = max(0, min(room, SCREEN_IN_FLIGHT - pending))
+        return [("screen", self._spec("screen", "block", plan, "held")) for _ in range(n)]
+
+    def _deviation_screen(self) -> bool:
+        """Which steps ever choose differently: blocks of steps re-drawn together, held tail
+        (see `DeviationScreen`), until every step not found has its clean draws."""
+        self._stage("screen")
+        screen = self.screen
+        assert screen is not None
         pending = 0
 
         def on_row(row: dict[str, Any]) -> None:
@@ -704,31 +765,26 @@ class Scheduler:
             nonlocal pending
             if screen.done():
                 return None
-            block = screen.block()
-            n = min(room, SCREEN_IN_FLIGHT - pending)
-            plan: dict[int, Intervention] = {k: Resample() for k in block}
-            out = [("screen", self._spec("screen", "block", plan, "held")) for _ in range(n)]
+            out = self._screen_forks(room, pending)
             pending += len(out)
             return out
 
-        exhausted = self._run(next_batch, on_row, on_unrun)
-        if screen.strays:
-            self.notes.append(
-                f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
-                "(nondeterminism outside the context's seams?)"
-            )
-        self.notes.append(
-            f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
-        )
-        return exhausted
+        return self._run(next_batch, on_row, on_unrun)
 
     def _seed_shapley(self) -> bool:
-        """Shapley blame over the steps that make choices, one seed at a time (see
-        `SeedShapley`), until the top cause is separated or the intervals are precise."""
+        """Shapley blame over the steps the screen found, one seed at a time (see
+        `SeedShapley`), until the top cause is separated or the intervals are precise, with
+        the screen's clearance behind the verdict: every step the screen has not found has
+        a deviation bound (which bounds its |phi|) below the top's phi_lo, or below the
+        target half-width when the verdict is "precise". While it is not, each fork goes
+        where it narrows that gap most: a screen fork lowers the bound, a Shapley seed
+        raises phi_lo. Returns (early) when the screen finds another step."""
         self._stage("shapley")
-        assert self.screen is not None
-        shap = SeedShapley(self.screen.candidates, self.alpha, salt=str(self.spec.attribution_seed))
+        screen = self.screen
+        assert screen is not None
+        shap = SeedShapley(screen.candidates, self.alpha, salt=str(self.spec.attribution_seed))
         self.seed_shapley = shap
+        self.verdict = None
         self.candidates = list(shap.candidates)
         coalitions_of: dict[int, set[frozenset[int]]] = {}
         for spec, row in self._rows("shapley", "held"):
@@ -739,25 +795,31 @@ class Scheduler:
                     seed, coalition, row["flipped"] if row["outcome"] is not None else None
                 )
         pending: set[tuple[int, frozenset[int]]] = set()
+        screening: set[str] = set()
         per_seed = max(1, len(shap.coalitions(0)))
         target = self.spec.target_half_width
 
         def on_row(row: dict[str, Any]) -> None:
             spec = ForkSpec.model_validate_json(row["spec"])
+            if spec.task_id in screening:
+                screening.discard(spec.task_id)
+                if row["outcome"] is not None:
+                    screen.observe(sorted(spec.interventions), row["first_deviation"])
+                return
             seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
             pending.discard((seed, coalition))
             shap.observe(seed, coalition, row["flipped"] if row["outcome"] is not None else None)
 
         def on_unrun(spec: ForkSpec) -> None:
+            if spec.task_id in screening:
+                screening.discard(spec.task_id)
+                return
             seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
             pending.discard((seed, coalition))
             # A seed missing a coalition is incomplete: its other forks are not asked again.
             shap.observe(seed, coalition, None)
 
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            self.verdict = shap.verdict(target)
-            if self.verdict is not None:
-                return None
+        def seeds(room: int) -> list[tuple[str, ForkSpec]]:
             room = min(room, max(2 * per_seed, 8) - len(pending))
             out: list[tuple[str, ForkSpec]] = []
             seed = 0
@@ -776,19 +838,63 @@ class Scheduler:
                 seed += 1
             return out
 
+        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
+            if screen.candidates != shap.candidates:
+                return None  # the screen found another step: Shapley starts over
+            verdict = shap.verdict(target)
+            if verdict is None:
+                return seeds(room)
+            if not verdict[1]:
+                self.verdict = verdict
+                return None
+            need = self._clearance(shap, verdict)
+            bound = max((screen.deviation_bound(k, self.alpha) for k in self._unfound()), default=0)
+            if bound < need:
+                self.verdict = verdict
+                return None
+            clean = DeviationScreen.clean_for(need, self.alpha) if need > 0 else SCREEN_MOST
+            screen.clean_needed = min(SCREEN_MOST, clean)
+            if screen.done():  # cleared as far as it goes: the verdict stands at SCREEN_MOST
+                self.verdict = verdict
+                return None
+            if self._screen_gain() >= self._seed_gain(shap, verdict):
+                out = self._screen_forks(room, len(screening))
+                screening.update(spec.task_id for _, spec in out)
+                return out
+            return seeds(room)
+
         exhausted = self._run(next_batch, on_row, on_unrun)
-        self.verdict = self.verdict or shap.verdict(target)
-        n = len(shap.complete_seeds())
-        if self.verdict is None:
-            self.notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
-        elif self.verdict[1]:
-            self.notes.append(
-                f"shapley: {n} seeds; top cause {self.verdict[1]} {self.verdict[0]} at "
-                f"{self.spec.confidence:.0%}"
-            )
-        else:
-            self.notes.append("shapley: no step makes a choice that could change the outcome")
         return exhausted
+
+    def _unfound(self) -> list[int]:
+        """The resample steps the screen has not seen leave the tape."""
+        assert self.screen is not None
+        return [k for k in self.screen.steps if k not in self.screen.hits]
+
+    def _clearance(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
+        """The deviation bound a step not found must be below for `verdict` to stand."""
+        if verdict[0] != "separated":
+            return self.spec.target_half_width
+        estimates = shap.estimates()
+        return max(0.0, min(estimates[k][0].low or 0.0 for k in verdict[1]))
+
+    def _screen_gain(self) -> float:
+        """How much one more screen fork lowers the largest deviation bound of a step not
+        found."""
+        assert self.screen is not None
+        n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
+        alpha = float(self.alpha)
+        return float(alpha ** (1.0 / (n + 1)) - alpha ** (1.0 / max(n, 1)))
+
+    def _seed_gain(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
+        """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
+        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition)."""
+        estimates = shap.estimates()
+        seeds = max(1, len(shap.complete_seeds()))
+        half = max(estimates[k][0].half_width for k in verdict[1])
+        if half == float("inf"):
+            return float("inf")
+        return half / (2 * seeds) / max(1, len(shap.coalitions(seeds)))
 
     def _held_arms(self) -> bool:
         """Every other arm (observation, action, context, policy) with a held tail: one fork
@@ -1180,8 +1286,8 @@ class Scheduler:
                     )
                 elif (
                     self.screen is not None
-                    and self.screen.done()
-                    and (self.screen.clean.get(arm.step, 0) >= self.screen.clean_needed)
+                    and arm.step not in self.screen.hits
+                    and self.screen.clean.get(arm.step, 0) > 0
                 ):
                     bound = self.screen.deviation_bound(arm.step, self.alpha)
                     n = self.screen.clean[arm.step]
