@@ -320,7 +320,8 @@ def record_cmd(
     verdict = "bad" if is_bad(score) else "not bad"
     console.print(
         f"recorded {len(tape.steps)} steps (seed {tape.header.seed}), {status}; "
-        f"score {score:.2f} ({verdict}); tape id [bold]{tape.tape_id}[/] → {escape(str(path))}"
+        f"score {score:.2f} ({verdict}); tape id [bold]{tape.tape_id}[/] → {escape(str(path))}",
+        soft_wrap=True,
     )
     if until_bad and not is_bad(score):
         raise _fail(
