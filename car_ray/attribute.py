@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import structlog
-from rich.console import Console
+from rich import box
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
@@ -29,8 +32,11 @@ from .replay import BaseUrls
 from .results import (
     ForkSink,
     OutputError,
+    describe_step,
     hold_job,
     read_job_json,
+    top_cause,
+    verdict,
     write_attribution,
     write_job_json,
     writing,
@@ -127,84 +133,122 @@ def dry_run(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) 
     return "\n".join(lines)
 
 
-def _progress_table(p: Progress) -> Table:
-    table = Table.grid(padding=(0, 2))
-    elapsed = time.monotonic() - p.started
+def _spend_text(p: Progress) -> str:
     caps = p.caps
     spend = [f"{p.spent.forks}" + (f"/{caps.max_forks}" if caps.max_forks else "") + " forks"]
     spend.append(f"${p.spent.usd:.4f}" + (f"/${caps.max_usd:g}" if caps.max_usd else ""))
     spend.append(f"{p.spent.tokens} tok" + (f"/{caps.max_tokens}" if caps.max_tokens else ""))
+    return " · ".join(spend)
+
+
+_ARM = re.compile(r"\b([a-z]+)@(\d+)\b")
+
+
+def leader_text(scheduler: Scheduler | None, tape: Tape, p: Progress) -> str:
+    """The leading cause so far, named by its step and what happened there: the re-drawn step
+    with the most blame once two seeds are complete, else the race's leaders with every
+    `kind@step` spelled out."""
+    shap = scheduler.seed_shapley if scheduler is not None else None
+    if shap is not None and shap.candidates and len(shap.complete_seeds()) >= 2:
+        phis = {k: e[0] for k, e in shap.estimates().items() if e[0].value is not None}
+        if phis:
+            step = max(phis, key=lambda k: phis[k].value or 0.0)
+            phi = phis[step]
+            bounds = f" [{phi.low:.2f}, {phi.high:.2f}]" if phi.low is not None else ""
+            return (
+                f"step {step}, where {describe_step(tape.steps[step], 60)} "
+                f"(φ {phi.value:.2f}{bounds})"
+            )
+
+    def spelled(m: re.Match[str]) -> str:
+        kind, step = m.group(1), int(m.group(2))
+        if not 0 <= step < len(tape.steps):
+            return m.group(0)
+        what = describe_step(tape.steps[step], 60)
+        return f"step {step}, where {what}" + ("" if kind == "resample" else f" ({kind})")
+
+    return _ARM.sub(spelled, p.leader)
+
+
+def progress_line(p: Progress, leader: str, stage: str | None = None) -> str:
+    """One plain line of progress, for logs and pipes."""
+    elapsed = time.monotonic() - p.started
+    return (
+        f"[{elapsed:6.1f} s] {stage or p.stage}: {p.done} forks done ({p.in_flight} in flight, "
+        f"{p.resumed} resumed, {p.lost} lost); spent {_spend_text(p)}; "
+        f"leader {leader or '—'}"
+    )
+
+
+def _progress_table(p: Progress, leader: str = "") -> Table:
+    table = Table.grid(padding=(0, 2))
+    elapsed = time.monotonic() - p.started
     table.add_row("stage", escape(p.stage))
     table.add_row(
         "forks", f"{p.done} done, {p.in_flight} in flight, {p.resumed} resumed, {p.lost} lost"
     )
-    table.add_row("spent", " · ".join(spend))
-    table.add_row("leader", escape(p.leader or "—"))
+    table.add_row("spent", escape(_spend_text(p)))
+    table.add_row("leader", escape(leader or p.leader or "—"))
     eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "—"
     table.add_row("time", f"{elapsed:.1f} s, ETA {eta}")
     return table
 
 
-def results_table(outcome: JobOutcome) -> Table:
-    table = Table(title=f"attribution ({outcome.status})")
-    for column in (
-        "do",
-        "rank",
-        "step",
-        "what",
-        "flip-rate [interval] n",
-        "φ [interval]",
-        "necessity",
-        "sufficiency",
-    ):
-        table.add_column(escape(column))
-    for r in outcome.attribution:
-
-        def span(v: Any, lo: Any, hi: Any) -> str:
-            return "—" if v is None else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
-
-        cells = (
-            r["intervention"],
-            "—" if r["rank"] is None else str(r["rank"]),
-            str(r["step"]),
-            r["label"],
-            span(r["flip_rate"], r["flip_lo"], r["flip_hi"]) + f" {r['flip_n']}",
-            span(r["phi"], r["phi_lo"], r["phi_hi"]),
-            span(r["necessity"], r["necessity_lo"], r["necessity_hi"]),
-            span(r["sufficiency"], r["sufficiency_lo"], r["sufficiency_hi"]),
-        )
-        table.add_row(*(escape(cell) for cell in cells))
-    return table
-
-
-def verdict(attribution: list[dict[str, Any]]) -> str:
-    """One line: the step to fix (rank 1 by blame among re-drawn steps, what happened there,
-    its phi and interval) and each other intervention kind's rank 1 by flip-rate."""
+def results_table(outcome: JobOutcome, tape: Tape | None = None) -> Group:
+    """The ranked table, one per intervention kind (re-drawn steps by blame first, then each
+    other kind by flip-rate); each value over its interval, so it reads at 80 columns."""
 
     def span(v: Any, lo: Any, hi: Any) -> str:
-        return f"{v:.2f} [{lo:.2f}, {hi:.2f}]" if None not in (v, lo, hi) else "—"
+        return "—" if v is None else f"{v:.2f}\n[{lo:.2f}, {hi:.2f}]"
 
-    parts: list[str] = []
-    for r in attribution:
-        if r["rank"] != 1:
-            continue
-        where = f"step {r['step']} ({r['label']})"
-        if r["intervention"] == "resample":
-            parts.insert(0, f"fix {where}: blame φ {span(r['phi'], r['phi_lo'], r['phi_hi'])}")
-        else:
-            flip = span(r["flip_rate"], r["flip_lo"], r["flip_hi"])
-            parts.append(f"{r['intervention']} at {where} flips it {flip}")
-    if not any(r["intervention"] == "resample" and r["rank"] for r in attribution):
-        measured = any(
-            r["intervention"] == "resample" and r["phi"] is not None for r in attribution
+    def what(r: dict[str, Any]) -> str:
+        step = r["step"]
+        if tape is not None and 0 <= step < len(tape.steps):
+            return describe_step(tape.steps[step], 200)
+        return str(r["label"])
+
+    tables: list[Table] = []
+    kinds = list(dict.fromkeys(r["intervention"] for r in outcome.attribution))
+    for kind in kinds:
+        rows = [r for r in outcome.attribution if r["intervention"] == kind]
+        redrawn = kind == "resample"
+        title = (
+            "re-drawn steps, by blame (the steps to fix)"
+            if redrawn
+            else f"{kind} interventions, by flip-rate"
         )
-        parts.insert(
-            0,
-            "no step to blame: re-drawing no step changed the run"
-            if measured
-            else "no step measured",
+        table = Table(
+            title=f"{escape(title)} ({escape(outcome.status)})",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
         )
-    return "verdict: " + "; ".join(parts)
+        table.add_column("rank", justify="right")
+        table.add_column("step", justify="right")
+        table.add_column("what happened", overflow="fold", ratio=1)
+        measures: tuple[tuple[str, str, str, str], ...] = (
+            ("blame φ", "phi", "phi_lo", "phi_hi"),
+            ("necessity", "necessity", "necessity_lo", "necessity_hi"),
+            ("sufficiency", "sufficiency", "sufficiency_lo", "sufficiency_hi"),
+        )
+        if not redrawn:
+            measures = (("flip-rate", "flip_rate", "flip_lo", "flip_hi"),)
+        for name, *_ in measures:
+            table.add_column(escape(name), justify="right", no_wrap=True)
+        if not redrawn:
+            table.add_column("forks", justify="right")
+        for r in rows:
+            cells = [
+                "—" if r["rank"] is None else str(r["rank"]),
+                str(r["step"]),
+                what(r),
+                *(span(r[v], r[lo], r[hi]) for _, v, lo, hi in measures),
+            ]
+            if not redrawn:
+                cells.append(str(r["flip_n"]))
+            table.add_row(*(escape(cell) for cell in cells))
+        tables.append(table)
+    return Group(*tables)
 
 
 def attribute(
@@ -274,7 +318,7 @@ def _run_job(
         "job_file": str(job.path),
         "tape": {"id": tape.tape_id, "path": str(tape.path), "steps": len(tape.steps)},
         "budget": asdict(budget),
-        "started": started,
+        "started": _iso(started),
         "versions": _versions(),
         "resumed_rows": len(existing),
         "runs": previous.get("runs", 0) + 1,
@@ -313,18 +357,25 @@ def _run_job(
                 info["ledger"] = scheduler.governor.snapshot()
                 if scheduler.candidates:
                     info["shapley_candidates"] = scheduler.candidates
-                info["progress"] = {"done": p.done, "lost": p.lost, "stage": p.stage}
+                info["progress"] = _progress_json(p)
                 write_job_json(out, job_id, info)
 
         try:
-            with Live(console=console, refresh_per_second=4, transient=True) as live:
+            # A terminal keeps the last display on screen; a pipe or log gets a line a stage.
+            with Live(console=console, refresh_per_second=4, transient=False) as live:
                 shown = saved = 0.0
+                stage = ""
 
                 def show(p: Progress) -> None:
-                    nonlocal shown, saved
+                    nonlocal shown, saved, stage
                     now = time.monotonic()
-                    if now - shown > 0.25:
-                        live.update(_progress_table(p))
+                    # The aggregate stage takes no time: the finished line follows.
+                    if not console.is_terminal and p.stage not in (stage, "aggregate"):
+                        stage = p.stage
+                        line = progress_line(p, leader_text(scheduler, tape, p))
+                        console.print(line, markup=False, highlight=False, soft_wrap=True)
+                    if console.is_terminal and now - shown > 0.25:
+                        live.update(_progress_table(p, leader_text(scheduler, tape, p)))
                         shown = now
                     if now - saved > 1.0:
                         checkpoint(p)
@@ -346,6 +397,12 @@ def _run_job(
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
                 outcome = scheduler.run()
+                final = leader_text(scheduler, tape, outcome.progress)
+                if console.is_terminal:
+                    live.update(_progress_table(outcome.progress, final))
+                else:
+                    line = progress_line(outcome.progress, final, f"finished ({outcome.status})")
+                    console.print(line, markup=False, highlight=False, soft_wrap=True)
         except BaseException:
             # A full disk fails the close's flush too: report the first error; the journal
             # keeps every row the sink took, for the run that resumes the job.
@@ -359,7 +416,8 @@ def _run_job(
         status=outcome.status,
         notes=outcome.notes,
         ledger=scheduler.governor.snapshot() if scheduler else {},
-        finished=time.time(),
+        finished=_iso(time.time()),
+        progress=_progress_json(outcome.progress),
         wall_s=time.time() - started,
         lost_forks=outcome.progress.lost,
         # Forks that ended as provider_error (never scored, each run again), and every row's
@@ -369,7 +427,8 @@ def _run_job(
         stages=scheduler.stage_times if scheduler else {},
         shapley_candidates=scheduler.candidates if scheduler else [],
         recorded_outcome=tape_outcome(job, tape),
-        verdict=verdict(outcome.attribution),
+        verdict=verdict(outcome.attribution, tape),
+        top_cause=top_cause(outcome.attribution, tape),
     )
     write_attribution(out, job_id, outcome.attribution)
     write_job_json(out, job_id, info)
@@ -382,6 +441,23 @@ def _run_job(
     except ImportError:  # pragma: no cover - the report is optional on minimal installs
         pass
     return os.path.join(out, job_id), outcome
+
+
+def _iso(epoch_s: float) -> str:
+    """A time in job.json: ISO 8601 in UTC, with its offset."""
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat()
+
+
+def _progress_json(p: Progress) -> dict[str, Any]:
+    return {
+        "stage": p.stage,
+        "done": p.done,
+        "in_flight": p.in_flight,
+        "resumed": p.resumed,
+        "lost": p.lost,
+        "provider_errors": p.provider_errors,
+        "spent": asdict(p.spent),
+    }
 
 
 def tape_outcome(job: Job, tape: Tape) -> float:

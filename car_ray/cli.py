@@ -1,4 +1,7 @@
-"""The `car-ray` command line: record, replay, fork, inspect, sim serve, demo."""
+"""car-ray: which step of a recorded LLM-agent run caused the bad outcome.
+
+Start with `car-ray attribute JOB.toml` (it records the job's tape when missing); `record`,
+`inspect`, `replay` and `fork` work on one tape by hand."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup, TyperOption
 
 from ._aio import run as run_loop
 from ._usercode import UserCodeError
@@ -31,12 +35,42 @@ from .replay import (
     ForkSpec,
     Intervention,
     InterventionError,
+    is_bad,
     record,
 )
-from .tape import LlmEvent, Tape, TapeError, load_tape
+from .tape import LlmEvent, Tape, TapeError, ToolEvent, load_tape
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help=__doc__)
-sim_app = typer.Typer(no_args_is_help=True, help="The simulated model provider.")
+# The order a new user needs them in: the one command that answers the question first.
+_COMMAND_ORDER = ("attribute", "record", "inspect", "fork", "replay", "demo", "truth", "validate")
+_HELP = {"help_option_names": ["-h", "--help"]}
+
+
+class _Commands(TyperGroup):
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        first = [n for n in _COMMAND_ORDER if n in names]
+        return first + [n for n in names if n not in first]
+
+
+def _flag_type(self: TyperOption, ctx: Any) -> str | None:
+    # Typer labels an on/off flag `<bool>`, as if it took a value: a flag has no type.
+    return None if self.is_flag else _TYPED_OPTION(self, ctx)
+
+
+_TYPED_OPTION = TyperOption.display_type_rich
+TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+app = typer.Typer(
+    cls=_Commands,
+    no_args_is_help=True,
+    add_completion=False,
+    help=__doc__,
+    context_settings=_HELP,
+    rich_markup_mode="markdown",
+)
+sim_app = typer.Typer(
+    no_args_is_help=True, help="The simulated model provider.", context_settings=_HELP
+)
 app.add_typer(sim_app, name="sim")
 # Logs and pipes get a table wide enough to read; a terminal gets its own width.
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 150
@@ -50,9 +84,23 @@ class _Options:
     verbose = False  # --verbose: also the full stack of a failing agent or scorer
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        print(f"car-ray {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _quiet_logs(
     verbose: Annotated[bool, typer.Option("--verbose", help="log every fork's events")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="print the version, exit"
+        ),
+    ] = False,
 ) -> None:
     """Logs go to stderr, warnings and worse unless --verbose: a fork's events (a blocked
     effect, a divergence) are in its row, not in the command's output."""
@@ -202,7 +250,7 @@ def _row_table(row: ForkRow) -> Table:
     """One fork, one field a line."""
     table = Table(title=f"fork {row.task_id}")
     table.add_column("field")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")
     for key, value in row.model_dump().items():
         if value is not None:
             shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value)
@@ -213,43 +261,89 @@ def _row_table(row: ForkRow) -> Table:
 @app.command("record")
 def record_cmd(
     job_file: Annotated[Path, typer.Argument(help="the job's TOML file")],
-    out: Annotated[Path, typer.Option("-o", "--out", help="where to write the tape")],
+    out: Annotated[
+        Path | None,
+        typer.Option("-o", "--out", help="where to write the tape (default: the job's 'tape')"),
+    ] = None,
     base_url: Annotated[
         str | None, typer.Option(help="a live provider instead of the simulated one")
     ] = None,
     seed: Annotated[
         int | None, typer.Option(help="seed for the simulated provider's draws")
     ] = None,
-    force: Annotated[bool, typer.Option(help="overwrite an existing tape")] = False,
-) -> None:
-    """Run the job's agent live and record its tape."""
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing tape")] = False,
+    until_bad: Annotated[
+        bool,
+        typer.Option(
+            "--until-bad",
+            help="record again (seed, seed+1, ...) until the scorer says the run went bad",
+        ),
+    ] = False,
+    tries: Annotated[int, typer.Option(min=1, help="most runs --until-bad records")] = 20,
+    show: Annotated[bool, typer.Option(hidden=True)] = True,
+) -> Tape:
+    """Run the job's agent live, record its tape and print the run's score."""
     job = _job(job_file)
     agent = job.load("agent")
+    path = out or job.tape_path
+    if path is None:
+        raise _fail(f"{job.path}: no 'tape' in the job file; pass -o TAPE")
+    first = job.spec.seed if seed is None else seed
 
-    async def go() -> None:
+    async def go(run_seed: int | None, overwrite: bool) -> tuple[Tape, Any]:
         with _provider(job, base_url) as urls:
-            tape, outcome = await record(
+            return await record(
                 agent,
                 job.spec.agent,
                 job.spec.input,
-                out,
+                path,
                 base_urls=urls,
-                seed=job.spec.seed if seed is None else seed,
+                seed=run_seed,
                 api_keys=_api_keys(),
-                overwrite=force,
+                overwrite=overwrite,
             )
-        console.print(_steps_table(tape))
-        status = (
-            f"agent raised {escape(repr(outcome.error))}" if outcome.error else "agent returned"
-        )
-        console.print(
-            f"recorded {len(tape.steps)} steps, {status}; tape id [bold]{tape.tape_id}[/]"
-        )
 
+    for attempt in range(tries if until_bad else 1):
+        run_seed = None if first is None else first + attempt
+        try:
+            # Later attempts replace the tape this command wrote, never one it found.
+            tape, outcome = run_loop(go(run_seed, force or attempt > 0))
+        except FileExistsError as exc:
+            raise _fail(f"{exc} (pass --force to replace it)") from None
+        score = _recorded_score(job, tape)
+        if not until_bad or is_bad(score):
+            break
+        _plain(f"seed {tape.header.seed}: score {score:.2f}, not bad; recording again")
+    if show:
+        console.print(_steps_table(tape))
+    status = f"agent raised {escape(repr(outcome.error))}" if outcome.error else "agent returned"
+    verdict = "bad" if is_bad(score) else "not bad"
+    console.print(
+        f"recorded {len(tape.steps)} steps (seed {tape.header.seed}), {status}; "
+        f"score {score:.2f} ({verdict}); tape id [bold]{tape.tape_id}[/] → {escape(str(path))}",
+        soft_wrap=True,
+    )
+    if until_bad and not is_bad(score):
+        raise _fail(
+            f"no bad run in {tries} tries (the scorer gave every run < 0.5): raise --tries, or "
+            "check the scorer returns 1 for the outcome you want to explain",
+            code=1,
+        )
+    return tape
+
+
+def _recorded_score(job: Job, tape: Tape) -> float:
+    """The scorer's value on a recorded run (1 the bad outcome)."""
+    from .replay import recorded_trajectory
+
+    assert tape.seal is not None
+    scorer = job.load("scorer")
     try:
-        _run(go)
-    except FileExistsError as exc:
-        raise _fail(str(exc)) from None
+        return float(scorer(tape.seal.result, recorded_trajectory(tape)))
+    except Exception as exc:
+        raise _user_code_failed(
+            job, UserCodeError.of("scorer", scorer, exc, "scoring the recorded run")
+        ) from None
 
 
 @app.command("replay")
@@ -317,15 +411,16 @@ def fork_cmd(
         raise _fail(f"--tail {tail!r}: expected live, pinned or held")
     job = _job(job_file)
     tape = _tape(tape_file)
+    _step_of(tape, step)
     intervention = _parse_value(do, value)
     try:
         spec = ForkSpec(
             tape_id=tape.tape_id, interventions={step: intervention}, tail=tail, seed=seed
         )
     except ValidationError as exc:
-        raise _fail(str(exc)) from None
+        raise _fail(f"fork of step {step}: {exc.errors()[0]['msg']}") from None
 
-    async def go() -> ForkRow:
+    async def go() -> tuple[ForkRow, list[dict[str, Any]]]:
         with _provider(job, base_url) as urls:
             runner = ForkRunner(
                 job.load("agent"),
@@ -336,12 +431,12 @@ def fork_cmd(
             )
             try:
                 runner.add_tape(tape)
-                return await runner.run(spec)
+                return await runner.fork(spec)
             finally:
                 await runner.aclose()
 
     try:
-        row = _run(go)
+        row, trajectory = _run(go)
     except (TapeError, InterventionError) as exc:
         raise _fail(str(exc)) from None
     except UserCodeError as exc:
@@ -349,9 +444,40 @@ def fork_cmd(
     if as_json:
         print(row.model_dump_json(indent=2))
     else:
+        console.print(_trajectory_table(tape, trajectory))
         console.print(_row_table(row))
         if row.divergence or row.error:
             _plain(row.divergence or row.error or "")
+        console.print(_fork_summary(row), markup=False, highlight=False)
+
+
+def _trajectory_table(tape: Tape, trajectory: list[dict[str, Any]]) -> Table:
+    """What a forked run did, step by step, beside what the tape did where they differ."""
+    from .results import describe_entry, describe_step
+
+    table = Table(title="the forked run", title_justify="left")
+    table.add_column("step", justify="right")
+    table.add_column("from")
+    table.add_column("what happened", overflow="fold")
+    for entry in trajectory:
+        k = int(entry["step"])
+        what = describe_entry(entry)
+        if k < len(tape.steps) and what != describe_step(tape.steps[k]):
+            what += f"  (tape: {describe_step(tape.steps[k], 60)})"
+        table.add_row(str(k), escape(str(entry.get("source"))), escape(what))
+    return table
+
+
+def _fork_summary(row: ForkRow) -> str:
+    if row.outcome is None:
+        return f"no outcome ({row.status}): the fork says nothing about step(s) " + ", ".join(
+            map(str, row.steps_intervened)
+        )
+    change = "flipped" if row.flipped else "did not flip"
+    return (
+        f"outcome {row.outcome:.2f} against the tape's {row.recorded_outcome:.2f}: the outcome "
+        f"{change} ({row.status}, ${row.cost_usd:.5f})"
+    )
 
 
 @app.command("attribute")
@@ -409,15 +535,16 @@ def attribute_cmd(
         raise _fail(str(exc)) from None
     except NoWorkers as exc:  # every fork worker died for good: rows and spend are kept
         raise _fail(f"{exc}; rerun the same command to resume") from None
-    _print_outcome(folder, outcome)
+    _print_outcome(folder, outcome, tape)
     if outcome.status in FAILED_STATUSES:
         raise typer.Exit(1)
 
 
-def _print_outcome(folder: str, outcome: Any) -> None:
-    from .attribute import results_table, verdict
+def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
+    from .attribute import results_table
+    from .results import verdict
 
-    console.print(results_table(outcome))
+    console.print(results_table(outcome, tape))
     for note in outcome.notes:
         style = "bold red" if "FAILED" in note or "divergence" in note else "yellow"
         console.print(f"[{style}]{escape(note)}[/]")
@@ -431,13 +558,20 @@ def _print_outcome(folder: str, outcome: Any) -> None:
         f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html",
         markup=False,
     )
-    console.print(verdict(outcome.attribution), markup=False)
+    # The last line, whole: a log or a pipe greps it.
+    console.print(verdict(outcome.attribution, tape), markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("inspect")
-def inspect_cmd(tape_file: Annotated[Path, typer.Argument(help="the tape")]) -> None:
+def inspect_cmd(
+    tape_file: Annotated[Path, typer.Argument(help="the tape")],
+    step: Annotated[int | None, typer.Option(help="show this step in full")] = None,
+) -> None:
     """Show a tape's steps (works on incomplete tapes too)."""
     tape = _tape(tape_file)
+    if step is not None:
+        _show_step(tape, _step_of(tape, step))
+        return
     console.print(_steps_table(tape))
     for note in tape.notes:
         console.print(f"[yellow]note:[/] {escape(note)}")
@@ -445,6 +579,50 @@ def inspect_cmd(tape_file: Annotated[Path, typer.Argument(help="the tape")]) -> 
         f"tape id {tape.tape_id}; agent {tape.header.agent}; created {tape.header.created}",
         markup=False,
     )
+
+
+def _step_of(tape: Tape, step: int) -> LlmEvent | ToolEvent:
+    """The tape's step `step`, or a one-line error saying which steps there are."""
+    if not 0 <= step < len(tape.steps):
+        raise _fail(
+            f"--step {step}: {tape.path} has {len(tape.steps)} steps, numbered 0 to "
+            f"{len(tape.steps) - 1} (car-ray inspect {tape.path} lists them)"
+        )
+    return tape.steps[step]
+
+
+def _show_step(tape: Tape, event: LlmEvent | ToolEvent) -> None:
+    """One step in full: what happened, then the recorded action or result as JSON."""
+    from .results import describe_step
+
+    console.print(
+        f"step {event.step} of {len(tape.steps)} ({event.type}): "
+        + describe_step(event, limit=10**9),
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    fields: dict[str, Any]
+    if isinstance(event, LlmEvent):
+        fields = {
+            "model": f"{event.provider}:{event.model}",
+            "action": event.action,
+            "usage": event.usage,
+            "messages in the request": len((event.request.body or {}).get("messages") or []),
+            "latency_s": event.latency_s,
+        }
+    else:
+        fields = {
+            "tool": event.name,
+            "effect": event.effect,
+            "arguments": event.arguments,
+            "result": event.result,
+            "error": event.error.model_dump() if event.error else None,
+            "latency_s": event.latency_s,
+        }
+    for key, value in fields.items():
+        shown = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+        console.print(f"{key}: {shown}", markup=False, highlight=False, soft_wrap=True)
 
 
 @sim_app.command("serve")
@@ -479,7 +657,8 @@ def demo_cmd(
         raise _fail(f"{job.path}: the demo needs a 'tape' path")
     if not tape_path.exists():
         console.print(f"recording {job.spec.agent} → {tape_path}", markup=False)
-        record_cmd(job_file, tape_path, None, None, False)
+        # The tape table is printed once, below.
+        record_cmd(job_file, tape_path, show=False)
     tape = _tape(tape_path)
     console.print(_steps_table(tape))
     try:
@@ -488,7 +667,7 @@ def demo_cmd(
         raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    _print_outcome(folder, outcome)
+    _print_outcome(folder, outcome, tape)
     if outcome.status in FAILED_STATUSES:
         raise typer.Exit(1)
 

@@ -138,7 +138,8 @@ class Job:
 
     @property
     def folder(self) -> Path:
-        return self.path.parent
+        # Absolute: Ray's workers import the job's code from other working directories.
+        return self.path.absolute().parent
 
     @property
     def search_path(self) -> tuple[Path, ...]:

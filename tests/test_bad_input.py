@@ -156,8 +156,8 @@ def test_the_attribution_table_keeps_its_headers_and_labels() -> None:
     }
     outcome = JobOutcome("j", "complete", [row], [f"divergence at step 0: {MARKUP}"], Progress())
     table = _printed(results_table(outcome))
-    assert "flip-rate [interval] n" in table and "φ [interval]" in table
-    assert MARKUP in table and "0.50 [-0.25, 0.75]" in table
+    assert "blame φ" in table and "necessity" in table
+    assert MARKUP in table and "0.50" in table and "[-0.25, 0.75]" in table
 
 
 def test_notes_rows_and_paths_that_look_like_markup_are_printed_as_they_are(
@@ -333,7 +333,7 @@ def test_attribute_prints_an_answer_that_looks_like_markup(user_job: Path, tmp_p
         app, ["attribute", str(user_job / "job.toml"), "--max-forks", "5", "--out", str(tmp_path)]
     )
     assert result.exit_code == 0, result.output
-    assert MARKUP in result.output and "flip-rate [interval] n" in result.output
+    assert MARKUP in result.output and "blame φ" in result.output
 
 
 def test_verbose_shows_the_stack_of_the_users_code(user_job: Path) -> None:

@@ -112,7 +112,7 @@ def _attribution(tape: Tape) -> list[dict[str, Any]]:
         rows.append(
             {
                 "step": k,
-                "kind": event.type,
+                "step_kind": event.type,
                 "label": XSS_LABEL if k == 1 else f"step {k}",
                 "intervention": "resample",
                 "flip_rate": flip,
@@ -139,7 +139,7 @@ def _attribution(tape: Tape) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "step": event.step,
-                    "kind": "tool",
+                    "step_kind": "tool",
                     "label": XSS_LABEL if event.step == 1 else f"step {event.step}",
                     "intervention": "observation",
                     "flip_rate": 0.9,
@@ -364,7 +364,7 @@ def test_a_recorded_run_reads_with_and_without_javascript(
 ) -> None:
     steps = support_tape.steps
     rows = [
-        {"step": e.step, "kind": e.type, "label": None, "intervention": "resample",
+        {"step": e.step, "step_kind": e.type, "label": None, "intervention": "resample",
          "flip_rate": 0.5, "flip_lo": 0.4, "flip_hi": 0.6, "flip_n": 30, "phi": 0.1,
          "phi_lo": 0.0, "phi_hi": 0.2, "phi_se": 0.05, "rank": e.step + 1}
         for e in steps

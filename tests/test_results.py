@@ -267,8 +267,9 @@ def test_rows_are_flushed_when_the_interval_passes(tmp_path: Path) -> None:
 def attribution_rows() -> list[dict[str, Any]]:
     return [
         {
+            "job_id": JOB,
             "step": 2,
-            "kind": "llm",
+            "step_kind": "llm",
             "label": "sim-model",
             "intervention": "resample",
             "flip_rate": 0.8,
@@ -288,11 +289,12 @@ def attribution_rows() -> list[dict[str, Any]]:
             "sufficiency_hi": 0.4,
             "sufficiency_n": 60,
             "rank": 1,
+            "confidence": 0.95,
         },
         # A step the race eliminated before Shapley: no φ, necessity or sufficiency, no rank.
         {
             "step": 1,
-            "kind": "tool",
+            "step_kind": "tool",
             "label": "lookup_order",
             "intervention": "observation",
             "flip_rate": 0.05,
@@ -323,8 +325,8 @@ def test_attribution_parquet_round_trips(tmp_path: Path) -> None:
 
 
 def test_an_attribution_row_with_a_bad_kind_names_the_field(tmp_path: Path) -> None:
-    bad = attribution_rows()[0] | {"kind": "agent"}
-    with pytest.raises(SchemaError, match=r"\(step=2\): field 'kind'"):
+    bad = attribution_rows()[0] | {"step_kind": "agent"}
+    with pytest.raises(SchemaError, match=r"\(step=2\): field 'step_kind'"):
         write_attribution(tmp_path, JOB, [bad])
     assert not (tmp_path / JOB / "attribution.parquet").exists()
 

@@ -319,6 +319,18 @@ class ForkRunner:
                 raise InterventionError(
                     f"step {k} is tool {event.name!r}: '{iv.kind}' needs a model-call step"
                 )
+            if (
+                isinstance(iv, EditContext)
+                and isinstance(event, LlmEvent)
+                and isinstance(event.request.body, dict)
+            ):
+                # Tried on the recorded request: an edit that cannot apply is the user's error.
+                try:
+                    iv.apply(event.request.body)
+                except ValueError as exc:
+                    raise InterventionError(
+                        f"step {k}: {exc} (see it with car-ray inspect TAPE --step {k})"
+                    ) from None
 
     async def replay(self, tape_id: str) -> RunResult:
         """Replay the tape with no network path; a divergence is raised, with its diff."""

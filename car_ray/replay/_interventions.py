@@ -96,9 +96,15 @@ class EditContext(_Intervention):
             if edit.op == "regex":
                 assert edit.pattern is not None
                 pattern = re.compile(edit.pattern)
+                before = (messages, edited.get("system"))
                 edited["messages"] = messages = _sub_strings(messages, pattern, edit.replacement)
                 if "system" in edited:
                     edited["system"] = _sub_strings(edited["system"], pattern, edit.replacement)
+                if not _matches(before, pattern):
+                    # An edit that changes nothing would measure the unchanged step.
+                    raise ValueError(
+                        f"context edit 'regex': {edit.pattern!r} matches no text of the request"
+                    )
                 continue
             assert edit.index is not None
             size = len(messages) + (1 if edit.op == "insert" else 0)
@@ -114,6 +120,17 @@ class EditContext(_Intervention):
             else:
                 messages.insert(edit.index, edit.message)
         return edited
+
+
+def _matches(value: Any, pattern: re.Pattern[str]) -> bool:
+    """Whether `pattern` finds any text `_sub_strings` would edit."""
+    if isinstance(value, str):
+        return pattern.search(value) is not None
+    if isinstance(value, list | tuple):
+        return any(_matches(v, pattern) for v in value)
+    if isinstance(value, dict):
+        return any(_matches(v, pattern) for k, v in value.items() if k in ("content", "text"))
+    return False
 
 
 def _sub_strings(value: Any, pattern: re.Pattern[str], replacement: str) -> Any:

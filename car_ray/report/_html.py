@@ -19,6 +19,7 @@ from typing import Any
 import plotly.io as pio  # type: ignore[import-untyped]
 
 from ..providers import codec_for
+from ..results import verdict
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -81,7 +82,7 @@ def render_report(*, tape: Tape, attribution: Sequence[Row], job: Mapping[str, A
     labels = _step_labels(tape, attribution)
     body = "\n".join(
         [
-            _header(tape, job),
+            _header(tape, job, attribution),
             _charts(attribution, labels),
             _ranked_table(attribution, labels),
             _timeline(tape, attribution),
@@ -138,7 +139,7 @@ def _pre(text: str, cls: str = "json") -> str:
 # -- header -------------------------------------------------------------------------------------
 
 
-def _header(tape: Tape, job: Mapping[str, Any]) -> str:
+def _header(tape: Tape, job: Mapping[str, Any], attribution: Sequence[Row]) -> str:
     status = _text(job.get("status"))
     status_class = {"complete": "ok", "budget_exhausted": "warn"}.get(status, "other")
     facts = [
@@ -164,8 +165,8 @@ def _header(tape: Tape, job: Mapping[str, Any]) -> str:
     notes = [*tape.notes, *(job_notes if isinstance(job_notes, list) else [])]
     notes_html = "".join(f'<p class="note">{_e(note)}</p>' for note in notes)
     result = _seal_result(tape)
-    verdict = job.get("verdict")
-    verdict_html = f'<p class="verdict">{_e(verdict)}</p>' if isinstance(verdict, str) else ""
+    # The same line the command line ends with, from the rows and the tape.
+    verdict_html = f'<p class="verdict">{_e(verdict(attribution, tape))}</p>' if attribution else ""
     return f"""<header>
 <h1>car-ray report <span class="status {status_class}">{_e(status)}</span></h1>
 {verdict_html}<dl class="facts">{rows}</dl>
@@ -380,7 +381,7 @@ def _ranked_table(attribution: Sequence[Row], labels: dict[int, str]) -> str:
         label = label.split(" · ", 1)[-1] if label else _text(row.get("label"))
         body.append(
             f"<tr{top}><td class=num>{_e(_count(rank))}</td><td class=num>{step_cell}</td>"
-            f"<td>{_e(_text(row.get('kind')))}</td><td>{_e(label)}</td>"
+            f"<td>{_e(_text(row.get('step_kind')))}</td><td>{_e(label)}</td>"
             f"<td>{_e(_text(row.get('intervention')))}</td>"
             + _measure(row, "flip_rate", "n")
             + _measure(row, "phi", "se")

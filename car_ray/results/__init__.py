@@ -17,6 +17,7 @@ from ._parquet import (
     write_attribution,
     writing,
 )
+from ._verdict import describe_entry, describe_step, top_cause, verdict
 
 __all__ = [
     "ATTRIBUTION_SCHEMA",
@@ -27,9 +28,13 @@ __all__ = [
     "SchemaError",
     "Stage",
     "StepKind",
+    "describe_entry",
+    "describe_step",
     "fork_record",
     "hold_job",
     "read_job_json",
+    "top_cause",
+    "verdict",
     "write_attribution",
     "write_job_json",
     "writing",

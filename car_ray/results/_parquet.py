@@ -67,8 +67,10 @@ FORK_SCHEMA = pa.schema(
 
 ATTRIBUTION_SCHEMA = pa.schema(
     [
+        pa.field("job_id", pa.string()),
         pa.field("step", pa.int32(), nullable=False),
-        pa.field("kind", pa.string(), nullable=False),
+        # The step's kind (llm or tool); `intervention` is what the forks did to it.
+        pa.field("step_kind", pa.string(), nullable=False),
         pa.field("label", pa.string(), nullable=False),
         pa.field("intervention", pa.string(), nullable=False),
         pa.field("flip_rate", pa.float64()),
@@ -88,6 +90,8 @@ ATTRIBUTION_SCHEMA = pa.schema(
         pa.field("sufficiency_hi", pa.float64()),
         pa.field("sufficiency_n", pa.int64(), nullable=False),
         pa.field("rank", pa.int32()),
+        # The level every interval of the row is at (the job's `confidence`).
+        pa.field("confidence", pa.float64()),
     ]
 )
 
@@ -101,7 +105,7 @@ _FORK_VALUES: dict[str, frozenset[str]] = {
     "tail": _literal_values("tail"),
     "stage": frozenset(get_args(Stage)),
 }
-_ATTRIBUTION_VALUES: dict[str, frozenset[str]] = {"kind": frozenset(get_args(StepKind))}
+_ATTRIBUTION_VALUES: dict[str, frozenset[str]] = {"step_kind": frozenset(get_args(StepKind))}
 
 
 class SchemaError(ValueError):

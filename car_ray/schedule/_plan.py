@@ -1172,9 +1172,14 @@ class Scheduler:
             )
         self._stage("aggregate")
         self.sink.flush()
-        rows = self.aggregate()
+        rows = [self._stamped(r) for r in self.aggregate()]
         self._tick()
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress)
+
+    def _stamped(self, row: dict[str, Any]) -> dict[str, Any]:
+        """An attribution row as attribution.parquet holds it: with its job and the
+        confidence level of its intervals, readable alone."""
+        return {"job_id": self.job_id, **row, "confidence": self.spec.confidence}
 
     def aggregate(self) -> list[dict[str, Any]]:
         if self.spec.method == "auto":
@@ -1192,7 +1197,7 @@ class Scheduler:
             event = self.steps[arm.step]
             record: dict[str, Any] = {
                 "step": arm.step,
-                "kind": event.type,
+                "step_kind": event.type,
                 "label": f"{event.provider}:{event.model}"
                 if isinstance(event, LlmEvent)
                 else event.name,
@@ -1234,7 +1239,7 @@ class Scheduler:
         event = self.steps[arm.step]
         return {
             "step": arm.step,
-            "kind": event.type,
+            "step_kind": event.type,
             "label": event.what() if isinstance(event, LlmEvent) else event.name,
             "intervention": arm.kind,
             **{

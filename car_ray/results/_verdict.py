@@ -1,0 +1,182 @@
+"""The verdict: one line that answers "which step should I fix?" from the attribution rows
+(as in attribution.parquet) and the tape, for the command line, job.json and the report."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..tape import LlmEvent, Tape, ToolEvent
+
+Row = Mapping[str, Any]
+_WHAT_CHARS = 90
+
+
+def _short(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _call(name: str, arguments: Any) -> str:
+    if isinstance(arguments, dict):
+        # A recorded tool call keeps positional and keyword arguments apart.
+        if set(arguments) <= {"args", "kwargs"} and arguments:
+            args = [json.dumps(a, ensure_ascii=False) for a in arguments.get("args") or []]
+            kwargs = arguments.get("kwargs") or {}
+        else:
+            args, kwargs = [], arguments
+        args += [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in kwargs.items()]
+        return f"{name}({', '.join(args)})"
+    return f"{name}({json.dumps(arguments, ensure_ascii=False)})"
+
+
+def describe_step(event: LlmEvent | ToolEvent, limit: int = _WHAT_CHARS) -> str:
+    """What happened at a recorded step, in words: the model's action (the tools it called
+    with their arguments, or the start of its text) or the tool's result (or its error)."""
+    if isinstance(event, LlmEvent):
+        entry: dict[str, Any] = {
+            "kind": "llm",
+            "action": event.action,
+            "provider": event.provider,
+            "model": event.model,
+        }
+    else:
+        entry = {
+            "kind": "tool",
+            "name": event.name,
+            "result": event.result,
+            "error": event.error.model_dump() if event.error else None,
+        }
+    return describe_entry(entry, limit)
+
+
+def describe_entry(entry: Mapping[str, Any], limit: int = _WHAT_CHARS) -> str:
+    """The same for an entry of a trajectory (the scorer's list: `kind` llm or tool)."""
+    if entry.get("kind") == "llm":
+        action = entry.get("action") or {}
+        calls = action.get("tool_calls") or []
+        if calls:
+            shown = ", ".join(_call(str(c.get("name")), c.get("arguments")) for c in calls)
+            return _short(f"the model called {shown}", limit)
+        text = str(action.get("text") or "")
+        if text:
+            return _short(f"the model answered {json.dumps(text, ensure_ascii=False)}", limit)
+        model = f"{entry.get('provider')}:{entry.get('model')}"
+        return _short(f"the model ({model}) answered nothing", limit)
+    name = entry.get("name")
+    if entry.get("blocked"):
+        call = _call(str(name), entry.get("arguments"))
+        return _short(f"{call} was attempted (an effect: blocked in a fork)", limit)
+    error = entry.get("error")
+    if error:
+        return _short(f"{name} raised {error.get('type')}: {error.get('message')}", limit)
+    return _short(f"{name} returned {json.dumps(entry.get('result'), ensure_ascii=False)}", limit)
+
+
+def _what(tape: Tape | None, step: int, fallback: str) -> str:
+    if tape is not None and 0 <= step < len(tape.steps):
+        return describe_step(tape.steps[step])
+    return fallback
+
+
+def _span(v: Any, lo: Any, hi: Any) -> str:
+    return f"{v:.2f} [{lo:.2f}, {hi:.2f}]" if None not in (v, lo, hi) else "—"
+
+
+def _level(rows: Sequence[Row]) -> str:
+    levels = {r.get("confidence") for r in rows} - {None}
+    return f" at {levels.pop():.0%} confidence" if len(levels) == 1 else ""
+
+
+def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] | None:
+    """The job's one rank-1 cause: the re-drawn step with the most blame (φ, the held game),
+    with any step whose interval is not separated from it; else the intervention with the
+    highest flip-rate lower bound. None when nothing was measured."""
+    redrawn = [r for r in rows if r.get("intervention") == "resample" and r.get("phi") is not None]
+    redrawn.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, -r["phi"]))
+    if redrawn and redrawn[0]["phi"] > 0:
+        top = redrawn[0]
+        tied = [
+            r
+            for r in redrawn[1:]
+            if r.get("rank") is not None
+            and (r.get("phi_lo") or 0.0) > 0
+            and (r.get("phi_hi") or 0.0) >= (top.get("phi_lo") or 0.0)
+        ]
+        return {
+            "intervention": "resample",
+            "measure": "phi",
+            "steps": [
+                {
+                    "step": r["step"],
+                    "what": _what(tape, r["step"], r["label"]),
+                    "value": r["phi"],
+                    "low": r.get("phi_lo"),
+                    "high": r.get("phi_hi"),
+                    "necessity": r.get("necessity"),
+                }
+                for r in [top, *tied]
+            ],
+            "confidence": top.get("confidence"),
+        }
+    others = [
+        r for r in rows if r.get("intervention") != "resample" and r.get("flip_lo") is not None
+    ]
+    others.sort(key=lambda r: (-r["flip_lo"], -(r["flip_rate"] or 0.0), r["step"]))
+    if others and others[0]["flip_lo"] > 0:
+        r = others[0]
+        return {
+            "intervention": r.get("intervention"),
+            "measure": "flip_rate",
+            "steps": [
+                {
+                    "step": r["step"],
+                    "what": _what(tape, r["step"], r["label"]),
+                    "value": r["flip_rate"],
+                    "low": r["flip_lo"],
+                    "high": r.get("flip_hi"),
+                    "necessity": None,
+                }
+            ],
+            "confidence": r.get("confidence"),
+        }
+    return None
+
+
+def verdict(rows: Sequence[Row], tape: Tape | None = None) -> str:
+    """One line: the step(s) to fix, what happened there, the effect with its interval and
+    the confidence level; or why there is no step to name."""
+    top = top_cause(rows, tape)
+    if top is None:
+        measured = any(r.get("phi") is not None or r.get("flip_n") for r in rows)
+        return "verdict: " + (
+            "no step to blame: no intervention changed the outcome"
+            if measured
+            else "no step measured"
+        )
+    level = _level(rows)
+    steps = top["steps"]
+    if top["measure"] == "phi":
+        first = steps[0]
+        parts = [
+            f"step {s['step']}, where {s['what']} "
+            f"(blame φ {_span(s['value'], s['low'], s['high'])})"
+            for s in steps
+        ]
+        head = "fix " + " or ".join(parts)
+        if len(steps) > 1:
+            head += " (not separated)"
+        nec = first["necessity"]
+        tail = (
+            f"; re-drawing step {first['step']} alone clears the failure {nec:.0%} of the time"
+            if nec is not None and len(steps) == 1
+            else ""
+        )
+        return f"verdict: {head}{level}{tail}"
+    s = steps[0]
+    return (
+        f"verdict: no re-drawn step is to blame; the {top['intervention']} intervention at "
+        f"step {s['step']}, where {s['what']}, flips the outcome "
+        f"{_span(s['value'], s['low'], s['high'])}{level}"
+    )
