@@ -14,6 +14,7 @@ from ._parquet import (
     Stage,
     StepKind,
     fork_record,
+    read_attribution,
     write_attribution,
     writing,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "StepKind",
     "fork_record",
     "hold_job",
+    "read_attribution",
     "read_job_json",
     "write_attribution",
     "write_job_json",

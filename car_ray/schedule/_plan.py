@@ -163,14 +163,20 @@ def effective_budget(budget: Budget, steps: int | None = None) -> Budget:
 
 
 def job_id_of(job: Job, tape: Tape) -> str:
-    """The same request on the same tape is the same job (budget and output aside), so a
-    restart on the same output resumes it."""
+    """The same request on the same tape with the same agent, scorer and policy source is
+    the same job (budget and output aside), so a restart on the same output resumes it; a
+    code change is a new job. `<name>-<digest>`: the job file's readable name first."""
     spec = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
-    return digest_of({"tape": tape.tape_id, "request": spec})[:16]
+    identity = {"tape": tape.tape_id, "request": spec, "code": job.source_digests()}
+    return f"{job.name}-{digest_of(identity)[:16]}"
 
 
 class Scheduler:
     """Runs one attribution job over one tape with an executor and a sink."""
+
+    # `--more`: a separated top cause does not end the Shapley stage; only intervals within
+    # the target do (`_may_stop`).
+    precise_only: bool = False
 
     def __init__(
         self,
@@ -185,6 +191,7 @@ class Scheduler:
         already: list[dict[str, Any]] | None = None,
         already_spent: Cost | None = None,
         already_elapsed_s: float = 0.0,
+        carried: Cost | None = None,
         candidates: list[int] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         on_submit: Callable[[], None] | None = None,
@@ -200,7 +207,10 @@ class Scheduler:
         budget = effective_budget(budget, len(tape.steps) if self.spec.method == "auto" else None)
         self.budget = budget
         self.governor = BudgetGovernor(
-            budget, already_spent=already_spent or Cost(), already_elapsed_s=already_elapsed_s
+            budget,
+            already_spent=already_spent or Cost(),
+            already_elapsed_s=already_elapsed_s,
+            carried=carried or Cost(),
         )
         self.progress = Progress(caps=budget)
         self.on_progress = on_progress or (lambda p: None)
@@ -756,7 +766,7 @@ class Scheduler:
 
         def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
             self.verdict = shap.verdict(target)
-            if self.verdict is not None:
+            if self.verdict is not None and self._may_stop(shap, target):
                 return None
             room = min(room, max(2 * per_seed, 8) - len(pending))
             out: list[tuple[str, ForkSpec]] = []
@@ -789,6 +799,13 @@ class Scheduler:
         else:
             self.notes.append("shapley: no step makes a choice that could change the outcome")
         return exhausted
+
+    def _may_stop(self, shap: SeedShapley, target: float) -> bool:
+        """Whether a verdict ends the Shapley stage: always, unless `precise_only` asks for
+        every phi interval within `target` (a separated top is not enough then)."""
+        if not self.precise_only:
+            return True
+        return all(phi.half_width <= target for phi, _, _ in shap.estimates().values())
 
     def _held_arms(self) -> bool:
         """Every other arm (observation, action, context, policy) with a held tail: one fork
@@ -1113,8 +1130,13 @@ class Scheduler:
                 record.update({k: v for k, v in shap[arm.step].items() if k != "phi_n"})
             out.append(record)
         for kind in {r["intervention"] for r in out}:
+            # Only what was measured is ranked: an arm without a fork has no place.
             ranked = sorted(
-                (r for r in out if r["intervention"] == kind),
+                (
+                    r
+                    for r in out
+                    if r["intervention"] == kind and (r["phi"] is not None or r["flip_n"])
+                ),
                 key=lambda r: (
                     -(r["phi"] if r["phi"] is not None else float("-inf")),
                     -(r["flip_rate"] or 0.0),
@@ -1122,7 +1144,7 @@ class Scheduler:
             )
             for i, r in enumerate(ranked, start=1):
                 r["rank"] = i
-        return sorted(out, key=lambda r: (r["intervention"], r["rank"]))
+        return sorted(out, key=_table_order)
 
     def _record(self, arm: Arm) -> dict[str, Any]:
         event = self.steps[arm.step]
