@@ -7,12 +7,16 @@ report."""
 from __future__ import annotations
 
 import contextlib
+import glob
+import json
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,15 +29,17 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from ._usercode import UserCodeError
 from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
 from .job import Job
 from .providers import PriceTable
-from .replay import BaseUrls
+from .replay import BaseUrls, is_bad
 from .results import (
     ForkSink,
     OutputError,
     describe_step,
     hold_job,
+    read_attribution,
     read_job_json,
     top_cause,
     verdict,
@@ -42,6 +48,7 @@ from .results import (
     writing,
 )
 from .schedule import (
+    FAILED_STATUSES,
     Budget,
     Cost,
     JobOutcome,
@@ -53,6 +60,39 @@ from .schedule import (
 from .tape import LlmEvent, Tape, load_tape
 
 log = structlog.get_logger("car_ray.attribute")
+
+# Job statuses that exit non-zero: a failed job, one that measured nothing, an interrupted one.
+EXIT_FAILED = FAILED_STATUSES | {"nothing_measured", "interrupted"}
+# After Ctrl-C, how long forks in flight may take to settle before the driver stops anyway.
+INTERRUPT_GRACE_S = 5.0
+# A scorer that gave every one of at least this many scored forks the same value (the
+# recorded one) may not read the run at all: said in a warning.
+CONSTANT_SCORER_FORKS = 10
+
+
+class Interrupted(Exception):
+    """The job was stopped by Ctrl-C: what it wrote and spent is kept; the message says how
+    many rows are saved and how to resume."""
+
+
+def check_tape(job: Job, tape: Tape) -> float:
+    """Before anything starts: the tape was recorded by the job's agent, and its recorded
+    outcome is bad (there is something to explain). Returns the recorded outcome; one-line
+    `ValueError` otherwise."""
+    if tape.header.agent != job.spec.agent and not _replays(job, tape):
+        raise ValueError(
+            f"{tape.path} was recorded by agent {tape.header.agent!r}, but {job.path} runs "
+            f"{job.spec.agent!r}: point 'tape' at a tape of this agent, or record one "
+            f"(car-ray record {job.path} -o TAPE)"
+        )
+    outcome = tape_outcome(job, tape)
+    if not is_bad(outcome):
+        raise ValueError(
+            f"{tape.path}: the recorded outcome is {outcome:.2f} by scorer {job.spec.scorer!r} "
+            "(below 0.5: not the bad outcome), so there is nothing to explain; attribute a "
+            "tape of a run that went wrong, or check the scorer (1 is the bad outcome)"
+        )
+    return outcome
 
 
 @contextmanager
@@ -81,8 +121,42 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
         yield BaseUrls.for_server(sim.url)
 
 
+def _replays(job: Job, tape: Tape) -> bool:
+    """Whether the job's agent replays the tape faithfully, in this process and with no
+    network (a renamed agent may still be the one that recorded it). An agent that raises
+    is a `UserCodeError` naming its file and line."""
+    from ._aio import run as run_loop
+    from .replay import DivergenceError, ForkRunner
+
+    runner = ForkRunner(job.load("agent"), job.load("scorer"), base_urls=BaseUrls.recorded_in(tape))
+    runner.add_tape(tape)
+
+    async def go() -> None:
+        try:
+            await runner.replay(tape.tape_id)
+        finally:
+            await runner.aclose()
+
+    try:
+        run_loop(go())
+    except DivergenceError:
+        return False
+    return True
+
+
 def _budget(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) -> Budget:
     """The job file's caps, overridden by the command line's, as the job will run them."""
+    # As in a job file: a zero cap is no job at all (leave a cap out for none).
+    if max_usd is not None and not max_usd > 0:
+        raise ValueError(
+            f"--max-usd {max_usd:g}: a dollar cap must be more than 0 (leave it out for the "
+            "job file's cap)"
+        )
+    if max_forks is not None and max_forks < 1:
+        raise ValueError(
+            f"--max-forks {max_forks}: a fork cap must be at least 1 (leave it out for the "
+            "job file's cap)"
+        )
     b = job.spec.budget
     return effective_budget(
         Budget(
@@ -106,16 +180,7 @@ def dry_run(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) 
     """What the job may spend, before it starts: its caps, and the most one fork can cost
     (every model call from the first step live again, at configs/pricing.toml's prices)."""
     budget = _budget(job, tape, max_usd, max_forks)
-    prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
-    scheduler = Scheduler(
-        job, tape, job_id="dry-run", executor=None, sink=None, budget=budget, prices=prices
-    )
-    from .replay import ForkSpec, Resample
-
-    everything = ForkSpec(
-        tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
-    )
-    worst = scheduler.estimate(everything, worst=True)
+    worst = worst_fork(job, tape)
     models = sorted({e.model for e in tape.steps if isinstance(e, LlmEvent)})
     lines = [
         f"{len(tape.steps)} steps ({', '.join(models) or 'no model calls'}); method "
@@ -131,6 +196,35 @@ def dry_run(job: Job, tape: Tape, max_usd: float | None, max_forks: int | None) 
             most = min(most, budget.max_usd)
         lines.append(f"the job spends at most ${most:.4f}; nothing runs on --dry-run")
     return "\n".join(lines)
+
+
+def worst_fork(job: Job, tape: Tape) -> Cost:
+    """The most one fork of the job can cost: every model call from the first step live
+    again, at configs/pricing.toml's prices (the worst-case reservation)."""
+    from .replay import ForkSpec, Resample
+
+    prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
+    budget = _budget(job, tape, None, None)
+    scheduler = Scheduler(
+        job, tape, job_id="dry-run", executor=None, sink=None, budget=budget, prices=prices
+    )
+    everything = ForkSpec(
+        tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
+    )
+    return scheduler.estimate(everything, worst=True)
+
+
+def answer_budget(job: Job, tape: Tape) -> str:
+    """What budget gives this job an answer: the default of forks a step of its tape, and
+    what that many forks cost at most (the worst-case estimate)."""
+    forks = effective_budget(Budget(), len(tape.steps)).max_forks or 1
+    usd = forks * worst_fork(job, tape).usd
+    return f"--max-forks {forks} --max-usd {usd:.4g} (at most ${usd:.4f} at the listed prices)"
+
+
+def measured(attribution: list[dict[str, Any]]) -> bool:
+    """Whether the job measured anything: a ranked row (only measured rows are ranked)."""
+    return any(r["rank"] is not None for r in attribution)
 
 
 def _spend_text(p: Progress) -> str:
@@ -251,6 +345,101 @@ def results_table(outcome: JobOutcome, tape: Tape | None = None) -> Group:
     return Group(*tables)
 
 
+@dataclass
+class SavedOutcome(JobOutcome):
+    """A job's outcome read back from its files (nothing ran): `info` is its job.json."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def load_saved(folder: str) -> SavedOutcome:
+    """The outcome of the job whose output is `folder` (`<out>/<job_id>`), from its
+    job.json and attribution.parquet; `ValueError` naming the folder if it holds no job."""
+    out, job_id = os.path.split(os.path.normpath(folder))
+    info = read_job_json(out, job_id)
+    if info is None:
+        raise ValueError(f"{folder}: no job.json here (not a car-ray job's output folder)")
+    attribution = read_attribution(out, job_id) or []
+    ledger = info.get("ledger", {})
+    spent = ledger.get("spent", {})
+    progress = Progress(
+        stage="aggregate",
+        resumed=int(spent.get("forks", 0)),
+        lost=int(info.get("lost_forks") or 0),
+        provider_errors=int(info.get("provider_errors") or 0),
+        spent=Cost(
+            int(spent.get("forks", 0)), float(spent.get("usd", 0.0)), int(spent.get("tokens", 0))
+        ),
+    )
+    return SavedOutcome(
+        job_id, str(info.get("status")), attribution, list(info.get("notes", [])), progress, info
+    )
+
+
+def find_job(target: str, out: str = "out") -> str:
+    """The output folder `target` names: a folder with a job.json, or a job id (or its
+    readable name, or a prefix of either: the newest such job) under `out`."""
+    if os.path.isfile(os.path.join(target, "job.json")):
+        return target
+    found = sorted(
+        glob.glob(os.path.join(glob.escape(out), glob.escape(target) + "*", "job.json")),
+        key=os.path.getmtime,
+    )
+    if not found:
+        raise ValueError(
+            f"{target}: no job output folder of that name, and no job id starting so under "
+            f"{out}/ (pass the folder, or --out where the job wrote)"
+        )
+    return os.path.dirname(found[-1])
+
+
+def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[str, Any]:
+    """The job as one JSON document (`--json`): status, verdict, spend, notes, the table."""
+    p = outcome.progress
+    return {
+        "job_id": outcome.job_id,
+        "folder": folder,
+        "status": outcome.status,
+        "measured": measured(outcome.attribution),
+        "verdict": verdict(outcome.attribution, tape),
+        "forks_run": p.done,
+        "resumed": p.resumed,
+        "spent": p.spent.as_dict(),
+        "notes": outcome.notes,
+        "attribution": outcome.attribution,
+    }
+
+
+def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
+    """A note when this job's request and tape were attributed before with other agent,
+    scorer or policy source (a local output folder only): which changed, and where the
+    old results are."""
+    request = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
+    code = job.source_digests()
+    for path in sorted(glob.glob(os.path.join(glob.escape(out), "*", "job.json"))):
+        if os.path.basename(os.path.dirname(path)) == job_id:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                info = json.load(f)
+            before = dict(info["request"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for key in ("budget", "out", "provider"):
+            before.pop(key, None)
+        if info.get("tape", {}).get("id") != tape.tape_id or before != request:
+            continue
+        old = info.get("code") or {}
+        changed = [k for k in code if old.get(k) != code[k]]
+        files = job.source_files()
+        what = ", ".join(f"the {k} ({files[k]})" for k in changed) or "the code"
+        return (
+            f"{what} changed since {os.path.dirname(path)} was run: its forks were scored by "
+            "the old code, so this is a new job that runs fresh (the old results stay)"
+        )
+    return None
+
+
 def attribute(
     job: Job,
     *,
@@ -260,10 +449,13 @@ def attribute(
     max_usd: float | None = None,
     max_forks: int | None = None,
     console: Console | None = None,
+    more: bool = False,
 ) -> tuple[str, JobOutcome]:
     """Run the job; returns its output folder and outcome. One run at a time per output
     folder (`JobBusy` names the other); a full or read-only disk is an `OutputError` that
-    says the same command resumes the job."""
+    says the same command resumes the job. A job that is complete is not run again: its
+    saved outcome comes back (`SavedOutcome`) unless `more` asks for tighter intervals.
+    Ctrl-C stops it cleanly (`Interrupted`)."""
     console = console or Console()
     if tape is None:
         paths = job.tape_paths
@@ -271,11 +463,47 @@ def attribute(
             raise ValueError(f"{job.path}: no 'tape' to attribute")
         tape = load_tape(paths[0])
     tape.require_sealed()
+    # Everything that can be known wrong before Ray starts, in one line each.
+    recorded = check_tape(job, tape)
+    _budget(job, tape, max_usd, max_forks)
     out = out or job.spec.out
     job_id = job_id_of(job, tape)
+    folder = os.path.join(out, job_id)
+    previous = read_job_json(out, job_id) or {}
+    if previous.get("status") == "complete" and not more:
+        saved = load_saved(folder)
+        spent = saved.progress.spent
+        saved.notes.append(
+            f"this job was complete: nothing run, nothing spent now (it spent {spent.forks} "
+            f"forks, ${spent.usd:.4f} in all). `--more` runs on to halve the target interval "
+            f"width (±{job.spec.target_half_width / 2:g}) under as much budget again"
+        )
+        return folder, saved
+    stale = None if "://" in out or previous else _stale_code(out, job, tape, job_id)
+    if stale:
+        console.print(f"[yellow]note: {escape(stale)}[/]")
     # A second run on the same output would run forks twice and under-report the spend.
     with hold_job(out, job_id):
-        return _run_job(job, tape, out, job_id, address, max_usd, max_forks, console)
+        folder, outcome = _run_job(
+            job, tape, out, job_id, address, max_usd, max_forks, console, recorded, more
+        )
+    if stale:
+        outcome.notes.insert(0, stale)
+    return folder, outcome
+
+
+def _carried(ledger: dict[str, Any], existing: list[dict[str, Any]]) -> Cost:
+    """What an earlier run had reserved for forks that never left a row (it died with them
+    in flight): they may have been spent. Earlier carried amounts stay carried."""
+    carried = Cost(**ledger.get("carried") or {})
+    open_ = ledger.get("open")
+    if open_ is None:  # a job.json from before open reservations were saved: all of them
+        return carried + Cost(**ledger.get("reserved") or {})
+    written = {r["task_id"] for r in existing}
+    for key, cost in open_.items():
+        if key.rpartition("#")[0] not in written:
+            carried += Cost(**cost)
+    return carried
 
 
 def _run_job(
@@ -287,35 +515,57 @@ def _run_job(
     max_usd: float | None,
     max_forks: int | None,
     console: Console,
+    recorded: float,
+    more: bool,
 ) -> tuple[str, JobOutcome]:
     budget = _budget(job, tape, max_usd, max_forks)
     existing = ForkSink.existing(out, job_id).to_pylist()
     previous = read_job_json(out, job_id) or {}
     ledger = previous.get("ledger", {})
-    from_rows = Cost(
-        forks=len(existing),
-        usd=sum(r["cost_usd"] for r in existing),
-        tokens=sum(r["tokens_in"] + r["tokens_out"] for r in existing),
-    )
-    # What a killed driver had reserved may have been spent: count it (conservative).
-    spent, reserved = ledger.get("spent", {}), ledger.get("reserved", {})
-    from_ledger = Cost(
-        forks=int(spent.get("forks", 0) + reserved.get("forks", 0)),
-        usd=float(spent.get("usd", 0.0) + reserved.get("usd", 0.0)),
-        tokens=int(spent.get("tokens", 0) + reserved.get("tokens", 0)),
-    )
+    spent = ledger.get("spent", {})
+    # Rows are the truth for forks that finished; the ledger adds lost attempts.
     already = Cost(
-        max(from_rows.forks, from_ledger.forks),
-        max(from_rows.usd, from_ledger.usd),
-        max(from_rows.tokens, from_ledger.tokens),
+        max(len(existing), int(spent.get("forks", 0))),
+        max(sum(r["cost_usd"] for r in existing), float(spent.get("usd", 0.0))),
+        max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), int(spent.get("tokens", 0))),
     )
+    carried = _carried(ledger, existing)
+    run_job = job
+    if more and previous.get("status") == "complete":
+        # As much budget again as the caps allow, for intervals half as wide.
+        used = already + carried
+        budget = Budget(
+            max_forks=None if budget.max_forks is None else budget.max_forks + used.forks,
+            max_usd=None if budget.max_usd is None else budget.max_usd + used.usd,
+            max_tokens=None if budget.max_tokens is None else budget.max_tokens + used.tokens,
+            max_wall_s=budget.max_wall_s,
+        )
+        half = job.spec.target_half_width / 2
+        run_job = Job(job.path, job.spec.model_copy(update={"target_half_width": half}))
+        console.print(
+            f"--more: running on until every interval is within ±{half:g} (half the job's "
+            f"target_half_width); caps now {budget.max_forks or '∞'} forks"
+            + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+            + f" in all ({used.forks} forks, ${used.usd:.4f} already spent)",
+            markup=False,
+        )
+    elif existing:
+        unreported = f" and ${carried.usd:.4f} reserved by forks that never reported"
+        console.print(
+            f"resuming: {len(existing)} rows on disk, ${already.usd:.4f} spent"
+            + (unreported if carried.forks else "")
+            + "; caps are the job's total across runs",
+            markup=False,
+        )
     prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
     started = time.time()
     info: dict[str, Any] = {
         "job_id": job_id,
+        "name": job.name,
         "status": "running",
         "request": job.spec.model_dump(mode="json"),
         "job_file": str(job.path),
+        "code": job.source_digests(),
         "tape": {"id": tape.tape_id, "path": str(tape.path), "steps": len(tape.steps)},
         "budget": asdict(budget),
         "started": _iso(started),
@@ -323,6 +573,7 @@ def _run_job(
         "resumed_rows": len(existing),
         "runs": previous.get("runs", 0) + 1,
     }
+    interrupted: list[float] = []
     with live_provider(job) as urls:
         info["ray"] = cluster_info(init_ray(address))
         settings = job.spec.provider
@@ -360,6 +611,16 @@ def _run_job(
                 info["progress"] = _progress_json(p)
                 write_job_json(out, job_id, info)
 
+        def on_interrupt(signum: int, frame: Any) -> None:
+            # The first Ctrl-C stops new forks and lets those in flight settle; a second one
+            # (or the grace period passing) stops at once.
+            if scheduler is None or interrupted:
+                raise KeyboardInterrupt
+            interrupted.append(time.monotonic())
+            scheduler.governor.stop("interrupted (Ctrl-C)")
+
+        main = threading.current_thread() is threading.main_thread()
+        before = signal.signal(signal.SIGINT, on_interrupt) if main else None
         try:
             # A terminal keeps the last display on screen; a pipe or log gets a line a stage.
             with Live(console=console, refresh_per_second=4, transient=False) as live:
@@ -369,6 +630,8 @@ def _run_job(
                 def show(p: Progress) -> None:
                     nonlocal shown, saved, stage
                     now = time.monotonic()
+                    if interrupted and now - interrupted[0] > INTERRUPT_GRACE_S:
+                        raise KeyboardInterrupt
                     # The aggregate stage takes no time: the finished line follows.
                     if not console.is_terminal and p.stage not in (stage, "aggregate"):
                         stage = p.stage
@@ -382,7 +645,7 @@ def _run_job(
                         saved = now
 
                 scheduler = Scheduler(
-                    job,
+                    run_job,
                     tape,
                     job_id=job_id,
                     executor=executor,
@@ -391,11 +654,13 @@ def _run_job(
                     prices=prices,
                     already=existing,
                     already_spent=already,
+                    carried=carried,
                     already_elapsed_s=float(ledger.get("elapsed_s") or 0.0),
                     candidates=[int(k) for k in previous.get("shapley_candidates", [])],
                     on_progress=show,
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
+                scheduler.precise_only = more
                 outcome = scheduler.run()
                 final = leader_text(scheduler, tape, outcome.progress)
                 if console.is_terminal:
@@ -403,6 +668,18 @@ def _run_job(
                 else:
                     line = progress_line(outcome.progress, final, f"finished ({outcome.status})")
                     console.print(line, markup=False, highlight=False, soft_wrap=True)
+        except KeyboardInterrupt:
+            # Forks still in flight keep their reservations (carried over by the next run).
+            with contextlib.suppress(OutputError):
+                sink.close()
+            if scheduler is not None:
+                info["ledger"] = scheduler.governor.snapshot()
+            info.update(status="interrupted", finished=_iso(time.time()))
+            write_job_json(out, job_id, info)
+            done = scheduler.progress.done if scheduler else 0
+            raise Interrupted(
+                f"interrupted: {len(existing) + done} rows saved; rerun the same command to resume"
+            ) from None
         except BaseException:
             # A full disk fails the close's flush too: report the first error; the journal
             # keeps every row the sink took, for the run that resumes the job.
@@ -410,8 +687,33 @@ def _run_job(
                 sink.close()
             raise
         finally:
+            if before is not None:
+                signal.signal(signal.SIGINT, before)
             sink.close()
             executor.shutdown()
+    if interrupted:
+        outcome.status = "interrupted"
+        outcome.notes.append(
+            f"interrupted: {len(existing) + outcome.progress.done} rows saved; rerun the same "
+            "command to resume"
+        )
+    elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
+        outcome.status = "nothing_measured"
+        outcome.notes.append(
+            "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
+            f"{budget.max_forks or '∞'} forks"
+            + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+            + f"); a budget that gives an answer: {answer_budget(job, tape)}"
+        )
+    if scheduler is not None:
+        warning = _constant_scorer(job, scheduler, recorded)
+        if warning:
+            outcome.notes.append(warning)
+    if carried.forks:
+        outcome.notes.append(
+            f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by forks an "
+            "earlier run left in flight: counted against the caps, not shown as spent"
+        )
     info.update(
         status=outcome.status,
         notes=outcome.notes,
@@ -426,7 +728,7 @@ def _run_job(
         fork_statuses=dict(scheduler.statuses) if scheduler else {},
         stages=scheduler.stage_times if scheduler else {},
         shapley_candidates=scheduler.candidates if scheduler else [],
-        recorded_outcome=tape_outcome(job, tape),
+        recorded_outcome=recorded,
         verdict=verdict(outcome.attribution, tape),
         top_cause=top_cause(outcome.attribution, tape),
     )
@@ -460,12 +762,38 @@ def _progress_json(p: Progress) -> dict[str, Any]:
     }
 
 
+def _constant_scorer(job: Job, scheduler: Scheduler, recorded: float) -> str | None:
+    """A warning when the scorer gave every scored fork the recorded value, forks that
+    intervened included: it may not read the run at all."""
+    rows = [r for r in scheduler.rows_by_task.values() if r["outcome"] is not None]
+    intervened = [r for r in rows if r.get("steps_intervened")]
+    if len(rows) < CONSTANT_SCORER_FORKS or not intervened:
+        return None
+    if any(r["outcome"] != recorded for r in rows):
+        return None
+    return (
+        f"WARNING: scorer {job.spec.scorer!r} gave all {len(rows)} scored forks "
+        f"{recorded:.2f}, the recorded outcome, {len(intervened)} of them with a step "
+        "changed: if a changed step should have changed the outcome, check that the scorer "
+        "reads the result and trajectory it is given"
+    )
+
+
 def tape_outcome(job: Job, tape: Tape) -> float:
-    """The scorer's value on the recorded run (for job.json and the report)."""
+    """The scorer's value on the recorded run (for job.json and the report); a scorer that
+    raises is a `UserCodeError` naming its file and line."""
     from .replay import recorded_trajectory
 
     assert tape.seal is not None
-    return float(job.load("scorer")(tape.seal.result, recorded_trajectory(tape)))
+    scorer = job.load("scorer")
+    try:
+        value = float(scorer(tape.seal.result, recorded_trajectory(tape)))
+    except Exception as exc:
+        raise UserCodeError.of("scorer", scorer, exc) from None
+    if not 0.0 <= value <= 1.0:  # NaN too (as ForkRunner scores a fork)
+        bad = ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
+        raise UserCodeError.of("scorer", scorer, bad)
+    return value
 
 
 def _versions() -> dict[str, str]:

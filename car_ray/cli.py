@@ -5,6 +5,7 @@ Start with `car-ray attribute JOB.toml` (it records the job's tape when missing)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -500,14 +501,23 @@ def attribute_cmd(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="print the caps and worst-case cost, run nothing")
     ] = False,
+    more: Annotated[
+        bool,
+        typer.Option(
+            "--more",
+            help="on a complete job: run on, under as much budget again, until every interval "
+            "is half the target width",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
 ) -> None:
-    """Find which step caused the bad outcome: forks on Ray, under the budget."""
+    """Find which step caused the bad outcome: forks on Ray, under the budget. A complete
+    job is not run again: its results are printed (see --more)."""
     from ._scenario import ensure_tape
-    from .attribute import attribute, with_seed
+    from .attribute import Interrupted, attribute, with_seed
     from .attribute import dry_run as estimate
     from .execute import NoWorkers
     from .results import OutputError
-    from .schedule import FAILED_STATUSES
 
     job = with_seed(_job(job_file), seed)
     try:
@@ -515,7 +525,10 @@ def attribute_cmd(
     except (TapeError, JobFileError) as exc:
         raise _fail(str(exc)) from None
     if dry_run:
-        console.print(estimate(job, tape, max_usd, max_forks), markup=False)
+        try:
+            console.print(estimate(job, tape, max_usd, max_forks), markup=False)
+        except ValueError as exc:
+            raise _fail(str(exc)) from None
         return
     try:
         folder, outcome = attribute(
@@ -525,7 +538,8 @@ def attribute_cmd(
             address=address,
             max_usd=max_usd,
             max_forks=max_forks,
-            console=console,
+            console=err if as_json else console,
+            more=more,
         )
     except UserCodeError as exc:
         raise _user_code_failed(job, exc) from None
@@ -535,31 +549,75 @@ def attribute_cmd(
         raise _fail(str(exc)) from None
     except NoWorkers as exc:  # every fork worker died for good: rows and spend are kept
         raise _fail(f"{exc}; rerun the same command to resume") from None
-    _print_outcome(folder, outcome, tape)
-    if outcome.status in FAILED_STATUSES:
-        raise typer.Exit(1)
+    except Interrupted as exc:
+        err.print(escape(str(exc)))
+        raise typer.Exit(130) from None
+    _finish_outcome(folder, outcome, as_json, tape)
+
+
+def _finish_outcome(folder: str, outcome: Any, as_json: bool, tape: Tape | None = None) -> None:
+    """Print a job's outcome (a table and lines, or --json) and exit with its verdict."""
+    from .attribute import EXIT_FAILED, summary
+
+    if as_json:
+        print(json.dumps(summary(folder, outcome, tape), indent=2, ensure_ascii=False, default=str))
+    else:
+        _print_outcome(folder, outcome, tape)
+    if outcome.status in EXIT_FAILED:
+        raise typer.Exit(130 if outcome.status == "interrupted" else 1)
 
 
 def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
-    from .attribute import results_table
+    from .attribute import SavedOutcome, results_table
     from .results import verdict
 
     console.print(results_table(outcome, tape))
     for note in outcome.notes:
-        style = "bold red" if "FAILED" in note or "divergence" in note else "yellow"
+        loud = "FAILED" in note or "divergence" in note or note.startswith(("NOTHING", "WARN"))
+        style = "bold red" if loud else "yellow"
         console.print(f"[{style}]{escape(note)}[/]")
     p = outcome.progress
-    console.print(
-        f"{p.done} forks run ({p.resumed} resumed, {p.lost} lost and retried, "
-        f"{p.provider_errors} provider failures retried); spent "
-        f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
-    )
+    if isinstance(outcome, SavedOutcome):
+        console.print(
+            f"saved results: spent {p.spent.forks} forks, ${p.spent.usd:.4f}, "
+            f"{p.spent.tokens} tokens in all"
+        )
+    else:
+        console.print(
+            f"{p.done} forks run ({p.resumed} resumed, {p.lost} lost and retried, "
+            f"{p.provider_errors} provider failures retried); spent "
+            f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
+        )
     console.print(
         f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html",
         markup=False,
     )
     # The last line, whole: a log or a pipe greps it.
     console.print(verdict(outcome.attribution, tape), markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("show")
+def show_cmd(
+    target: Annotated[str, typer.Argument(help="a job's output folder, or its job id / name")],
+    out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
+    as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
+) -> None:
+    """Reprint a past job's table and verdict from its files (nothing runs); exits as the
+    job did."""
+    from .attribute import find_job, load_saved
+
+    try:
+        folder = find_job(target, out)
+        outcome = load_saved(folder)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    tape = None
+    path = (outcome.info.get("tape") or {}).get("path")
+    if path:
+        # The verdict names what happened at the step when the tape is still there.
+        with contextlib.suppress(TapeError, OSError):
+            tape = load_tape(path)
+    _finish_outcome(folder, outcome, as_json, tape)
 
 
 @app.command("inspect")
@@ -648,8 +706,7 @@ def demo_cmd(
     out: Annotated[str | None, typer.Option(help="output folder")] = None,
 ) -> None:
     """Record the demo job if its tape is missing, then attribute it on the embedded Ray."""
-    from .attribute import attribute
-    from .schedule import FAILED_STATUSES
+    from .attribute import Interrupted, attribute
 
     job = _job(job_file)
     tape_path = job.tape_path
@@ -667,9 +724,10 @@ def demo_cmd(
         raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    _print_outcome(folder, outcome, tape)
-    if outcome.status in FAILED_STATUSES:
-        raise typer.Exit(1)
+    except Interrupted as exc:
+        err.print(escape(str(exc)))
+        raise typer.Exit(130) from None
+    _finish_outcome(folder, outcome, False, tape)
 
 
 @app.command("truth")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import tomllib
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from ._canon import sha256_hex
 from ._files import UnreadableFile, read_regular_file
 from ._imports import ImportRefError, import_ref
 from .replay import Intervention
@@ -176,6 +178,42 @@ class Job:
             if root not in roots:
                 roots.append(root)
         return tuple(roots)
+
+    @property
+    def name(self) -> str:
+        """A readable name for the job's output folder: the job file's stem, or its folder's
+        name for a `job.toml` (the scenario layout), reduced to letters, digits, `._-`."""
+        stem = self.path.stem if self.path.stem != "job" else self.folder.name
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:40] or "job"
+
+    def source_digests(self) -> dict[str, str]:
+        """The sha256 of the source file each of the agent, scorer and policy comes from
+        (`key` -> digest): a fix in the scorer is a new job, not a resume of the old one's
+        rows. Code without a file (built in) is named by its ref alone."""
+        out: dict[str, str] = {}
+        for key in ("agent", "scorer", "policy"):
+            ref = getattr(self.spec, key)
+            if not ref:
+                continue
+            self.load(key)
+            module = sys.modules.get(ref.partition(":")[0])
+            file = getattr(module, "__file__", None)
+            try:
+                out[key] = sha256_hex(Path(file).read_bytes()) if file else "builtin"
+            except OSError:
+                out[key] = "unreadable"
+        return out
+
+    def source_files(self) -> dict[str, str]:
+        """The file each of the agent, scorer and policy comes from (`key` -> path)."""
+        out: dict[str, str] = {}
+        for key in ("agent", "scorer", "policy"):
+            ref = getattr(self.spec, key)
+            if ref:
+                self.load(key)
+                file = getattr(sys.modules.get(ref.partition(":")[0]), "__file__", None)
+                out[key] = str(file) if file else ref
+        return out
 
     def load(self, key: str) -> Any:
         ref = getattr(self.spec, key)

@@ -334,6 +334,27 @@ def test_a_resumed_job_starts_from_its_spend_even_above_a_new_cap() -> None:
     assert gov.remaining().forks == 40
 
 
+def test_carried_reservations_hold_the_cap_but_are_not_spent() -> None:
+    gov = BudgetGovernor(
+        Budget(max_usd=1.0), already_spent=Cost(3, 0.25, 0), carried=Cost(2, 0.5, 0)
+    )
+    assert gov.spent.usd == 0.25 and gov.carried.usd == 0.5
+    assert gov.remaining().usd == 0.25
+    assert not gov.try_reserve("a#0", Cost(1, 0.3))
+    assert "carried $0.5" in (gov.last_refusal or "")
+    assert gov.snapshot()["carried"] == {"forks": 2, "usd": 0.5, "tokens": 0}
+
+
+def test_a_stopped_ledger_refuses_new_forks_and_settles_those_in_flight() -> None:
+    gov = BudgetGovernor(Budget(max_forks=10))
+    assert gov.try_reserve("a#0", Cost(1))
+    gov.stop("interrupted")
+    assert not gov.try_reserve("b#0", Cost(1))
+    assert gov.last_refusal == "interrupted"
+    gov.settle("a#0", Cost(1))
+    assert gov.spent.forks == 1 and gov.in_flight == 0
+
+
 def test_snapshot_is_plain_json_and_agrees_with_the_ledger() -> None:
     clock = FakeClock()
     gov = BudgetGovernor(Budget(max_forks=5, max_usd=2.0), clock=clock)
@@ -348,6 +369,8 @@ def test_snapshot_is_plain_json_and_agrees_with_the_ledger() -> None:
         "caps": {"max_forks": 5, "max_usd": 2.0, "max_tokens": None, "max_wall_s": None},
         "spent": {"forks": 2, "usd": 0.75, "tokens": 17},
         "reserved": {"forks": 1, "usd": 0.5, "tokens": 10},
+        "carried": {"forks": 0, "usd": 0.0, "tokens": 0},
+        "open": {"c#0": {"forks": 1, "usd": 0.5, "tokens": 10}},
         "remaining": {"forks": 2, "usd": 0.75, "tokens": None, "wall_s": None},
         "in_flight": 1,
         "settled": 1,

@@ -14,6 +14,7 @@ from ._parquet import (
     Stage,
     StepKind,
     fork_record,
+    read_attribution,
     write_attribution,
     writing,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "describe_step",
     "fork_record",
     "hold_job",
+    "read_attribution",
     "read_job_json",
     "top_cause",
     "verdict",

@@ -685,3 +685,12 @@ def write_attribution(out: str | Path, job_id: str, rows: Sequence[Mapping[str, 
     job.make_dir()
     job.write_atomic(_parquet_bytes(_ATTRIBUTION_ROWS.table(records)), "attribution.parquet")
     return job.join("attribution.parquet")
+
+
+def read_attribution(out: str | Path, job_id: str) -> list[dict[str, Any]] | None:
+    """`<out>/<job_id>/attribution.parquet` as rows, or None if the job has not written it."""
+    data = JobDir.of(out, job_id).read_bytes("attribution.parquet")
+    if data is None:
+        return None
+    rows: list[dict[str, Any]] = pq.read_table(pa.BufferReader(data)).to_pylist()
+    return rows

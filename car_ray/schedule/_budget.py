@@ -126,6 +126,7 @@ class BudgetGovernor:
         *,
         already_spent: Cost = Cost(),
         already_elapsed_s: float = 0.0,
+        carried: Cost = Cost(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         # A resumed job may carry more spend than a (new, lower) cap: it is then exhausted
@@ -144,11 +145,21 @@ class BudgetGovernor:
         self._closed: dict[str, str] = {}  # key -> "settled" | "lost", for clear errors
         self._lost = 0
         self._refused: str | None = None
+        # Reservations an earlier run of the job left open (it died with forks in flight):
+        # they may have been spent, so they count against the caps, but they are shown apart
+        # from what was really spent.
+        self._carried: _Vec = _vec(carried, "carried")
+        self._stopped: str | None = None
         # (reserved, settled) of every settled fork that spent something: how close the
         # reservations are to the truth.
         self._settled_pairs: list[tuple[_Vec, _Vec]] = []
 
     # -- the ledger ---------------------------------------------------------------------------
+
+    def stop(self, reason: str) -> None:
+        """Refuse every reservation from now on (`reason` says why, e.g. an interrupt); forks
+        in flight still settle."""
+        self._stopped = reason
 
     def refusal(self, estimate: Cost) -> str | None:
         """Why `estimate` would not fit now (a sentence naming the cap), or None if it fits."""
@@ -219,6 +230,11 @@ class BudgetGovernor:
         return _cost((self._reserved[0], self._reserved[1], self._reserved[2]))
 
     @property
+    def carried(self) -> Cost:
+        """Reservations carried over from an earlier run's forks that never reported."""
+        return _cost(self._carried)
+
+    @property
     def in_flight(self) -> int:
         """Reservations not yet settled or lost."""
         return len(self._open)
@@ -229,7 +245,7 @@ class BudgetGovernor:
 
     def remaining(self) -> Headroom:
         """What a new reservation could still use under each cap (never negative)."""
-        used = [self._spent[d] + self._reserved[d] for d in range(3)]
+        used = [self._spent[d] + self._reserved[d] + self._carried[d] for d in range(3)]
         left = [None if cap is None else max(0, cap - used[d]) for d, cap in enumerate(self._caps)]
         wall = self.budget.max_wall_s
         return Headroom(
@@ -248,7 +264,7 @@ class BudgetGovernor:
             return "max_wall_s"
         for d, name in enumerate(_DIMS):
             cap = self._caps[d]
-            if cap is not None and self._spent[d] + self._reserved[d] >= cap:
+            if cap is not None and self._spent[d] + self._reserved[d] + self._carried[d] >= cap:
                 return name
         return None
 
@@ -264,6 +280,9 @@ class BudgetGovernor:
             "caps": self.budget.as_dict(),
             "spent": self.spent.as_dict(),
             "reserved": self.reserved.as_dict(),
+            "carried": self.carried.as_dict(),
+            # Open reservations by key: a successor counts only those whose fork left no row.
+            "open": {key: _cost(vec).as_dict() for key, vec in self._open.items()},
             "remaining": {
                 "forks": left.forks,
                 "usd": left.usd,
@@ -307,14 +326,18 @@ class BudgetGovernor:
         return wall is not None and self.elapsed_s >= wall
 
     def _refusal(self, vec: _Vec) -> str | None:
+        if self._stopped is not None:
+            return self._stopped
         if self._wall_up():
             return f"max_wall_s: {self.budget.max_wall_s} s of wall time are used up"
         for d, name in enumerate(_DIMS):
             cap = self._caps[d]
-            if cap is not None and self._spent[d] + self._reserved[d] + vec[d] > cap:
+            used = self._spent[d] + self._reserved[d] + self._carried[d]
+            if cap is not None and used + vec[d] > cap:
+                carried = f" + carried {_fmt(d, self._carried[d])}" if self._carried[d] else ""
                 return (
                     f"{name}: spent {_fmt(d, self._spent[d])} + reserved "
-                    f"{_fmt(d, self._reserved[d])} + this fork's {_fmt(d, vec[d])} "
+                    f"{_fmt(d, self._reserved[d])}{carried} + this fork's {_fmt(d, vec[d])} "
                     f"would exceed the cap {_fmt(d, cap)}"
                 )
         return None

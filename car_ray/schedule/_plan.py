@@ -170,14 +170,20 @@ def effective_budget(budget: Budget, steps: int | None = None) -> Budget:
 
 
 def job_id_of(job: Job, tape: Tape) -> str:
-    """The same request on the same tape is the same job (budget and output aside), so a
-    restart on the same output resumes it."""
+    """The same request on the same tape with the same agent, scorer and policy source is
+    the same job (budget and output aside), so a restart on the same output resumes it; a
+    code change is a new job. `<name>-<digest>`: the job file's readable name first."""
     spec = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
-    return digest_of({"tape": tape.tape_id, "request": spec})[:16]
+    identity = {"tape": tape.tape_id, "request": spec, "code": job.source_digests()}
+    return f"{job.name}-{digest_of(identity)[:16]}"
 
 
 class Scheduler:
     """Runs one attribution job over one tape with an executor and a sink."""
+
+    # `--more`: a separated top cause does not end the Shapley stage; only intervals within
+    # the target do (`_may_stop`).
+    precise_only: bool = False
 
     def __init__(
         self,
@@ -192,6 +198,7 @@ class Scheduler:
         already: list[dict[str, Any]] | None = None,
         already_spent: Cost | None = None,
         already_elapsed_s: float = 0.0,
+        carried: Cost | None = None,
         candidates: list[int] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         on_submit: Callable[[], None] | None = None,
@@ -207,7 +214,10 @@ class Scheduler:
         budget = effective_budget(budget, len(tape.steps) if self.spec.method == "auto" else None)
         self.budget = budget
         self.governor = BudgetGovernor(
-            budget, already_spent=already_spent or Cost(), already_elapsed_s=already_elapsed_s
+            budget,
+            already_spent=already_spent or Cost(),
+            already_elapsed_s=already_elapsed_s,
+            carried=carried or Cost(),
         )
         self.progress = Progress(caps=budget)
         self.on_progress = on_progress or (lambda p: None)
@@ -842,7 +852,7 @@ class Scheduler:
             if screen.candidates != shap.candidates:
                 return None  # the screen found another step: Shapley starts over
             verdict = shap.verdict(target)
-            if verdict is None:
+            if verdict is None or not self._may_stop(shap, target):
                 return seeds(room)
             if not verdict[1]:
                 self.verdict = verdict
@@ -895,6 +905,13 @@ class Scheduler:
         if half == float("inf"):
             return float("inf")
         return half / (2 * seeds) / max(1, len(shap.coalitions(seeds)))
+
+    def _may_stop(self, shap: SeedShapley, target: float) -> bool:
+        """Whether a verdict ends the Shapley stage: always, unless `precise_only` asks for
+        every phi interval within `target` (a separated top is not enough then)."""
+        if not self.precise_only:
+            return True
+        return all(phi.half_width <= target for phi, _, _ in shap.estimates().values())
 
     def _held_arms(self) -> bool:
         """Every other arm (observation, action, context, policy) with a held tail: one fork
@@ -1224,8 +1241,13 @@ class Scheduler:
                 record.update({k: v for k, v in shap[arm.step].items() if k != "phi_n"})
             out.append(record)
         for kind in {r["intervention"] for r in out}:
+            # Only what was measured is ranked: an arm without a fork has no place.
             ranked = sorted(
-                (r for r in out if r["intervention"] == kind),
+                (
+                    r
+                    for r in out
+                    if r["intervention"] == kind and (r["phi"] is not None or r["flip_n"])
+                ),
                 key=lambda r: (
                     -(r["phi"] if r["phi"] is not None else float("-inf")),
                     -(r["flip_rate"] or 0.0),
@@ -1233,7 +1255,7 @@ class Scheduler:
             )
             for i, r in enumerate(ranked, start=1):
                 r["rank"] = i
-        return sorted(out, key=lambda r: (r["intervention"], r["rank"]))
+        return sorted(out, key=_table_order)
 
     def _record(self, arm: Arm) -> dict[str, Any]:
         event = self.steps[arm.step]
