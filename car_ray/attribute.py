@@ -139,8 +139,8 @@ def _replays(job: Job, tape: Tape) -> bool:
 
     try:
         run_loop(go())
-    except DivergenceError:
-        return False
+    except (DivergenceError, UserCodeError):
+        return False  # another agent's tape: the check names both agents
     return True
 
 
@@ -401,7 +401,7 @@ def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[
         "folder": folder,
         "status": outcome.status,
         "measured": measured(outcome.attribution),
-        "verdict": verdict(outcome.attribution, tape),
+        "verdict": verdict(outcome.attribution, tape, outcome.status),
         "forks_run": p.done,
         "resumed": p.resumed,
         "spent": p.spent.as_dict(),
@@ -429,7 +429,9 @@ def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
             before.pop(key, None)
         if info.get("tape", {}).get("id") != tape.tape_id or before != request:
             continue
-        old = info.get("code") or {}
+        old = info.get("code")
+        if not old:
+            continue  # written before job ids covered the code: nothing to compare
         changed = [k for k in code if old.get(k) != code[k]]
         files = job.source_files()
         what = ", ".join(f"the {k} ({files[k]})" for k in changed) or "the code"
@@ -619,6 +621,23 @@ def _run_job(
             interrupted.append(time.monotonic())
             scheduler.governor.stop("interrupted (Ctrl-C)")
 
+        def settle(outcome: JobOutcome) -> None:
+            """The status the scheduler cannot know: interrupted, or nothing measured."""
+            if interrupted:
+                outcome.status = "interrupted"
+                outcome.notes.append(
+                    f"interrupted: {len(existing) + outcome.progress.done} rows saved; rerun the "
+                    "same command to resume"
+                )
+            elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
+                outcome.status = "nothing_measured"
+                outcome.notes.append(
+                    "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
+                    f"{budget.max_forks or '∞'} forks"
+                    + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+                    + f"); a budget that gives an answer: {answer_budget(job, tape)}"
+                )
+
         main = threading.current_thread() is threading.main_thread()
         before = signal.signal(signal.SIGINT, on_interrupt) if main else None
         try:
@@ -660,8 +679,9 @@ def _run_job(
                     on_progress=show,
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
-                scheduler.precise_only = more
+                scheduler.precise_only = run_job is not job  # --more on a complete job
                 outcome = scheduler.run()
+                settle(outcome)
                 final = leader_text(scheduler, tape, outcome.progress)
                 if console.is_terminal:
                     live.update(_progress_table(outcome.progress, final))
@@ -691,20 +711,6 @@ def _run_job(
                 signal.signal(signal.SIGINT, before)
             sink.close()
             executor.shutdown()
-    if interrupted:
-        outcome.status = "interrupted"
-        outcome.notes.append(
-            f"interrupted: {len(existing) + outcome.progress.done} rows saved; rerun the same "
-            "command to resume"
-        )
-    elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
-        outcome.status = "nothing_measured"
-        outcome.notes.append(
-            "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
-            f"{budget.max_forks or '∞'} forks"
-            + (f", ${budget.max_usd:g}" if budget.max_usd else "")
-            + f"); a budget that gives an answer: {answer_budget(job, tape)}"
-        )
     if scheduler is not None:
         warning = _constant_scorer(job, scheduler, recorded)
         if warning:
@@ -729,7 +735,7 @@ def _run_job(
         stages=scheduler.stage_times if scheduler else {},
         shapley_candidates=scheduler.candidates if scheduler else [],
         recorded_outcome=recorded,
-        verdict=verdict(outcome.attribution, tape),
+        verdict=verdict(outcome.attribution, tape, outcome.status),
         top_cause=top_cause(outcome.attribution, tape),
     )
     write_attribution(out, job_id, outcome.attribution)
@@ -763,10 +769,11 @@ def _progress_json(p: Progress) -> dict[str, Any]:
 
 
 def _constant_scorer(job: Job, scheduler: Scheduler, recorded: float) -> str | None:
-    """A warning when the scorer gave every scored fork the recorded value, forks that
-    intervened included: it may not read the run at all."""
+    """A warning when the scorer gave every scored fork the recorded value, forks whose run
+    left the tape included: it may not read the run at all."""
     rows = [r for r in scheduler.rows_by_task.values() if r["outcome"] is not None]
-    intervened = [r for r in rows if r.get("steps_intervened")]
+    # A re-draw that drew the recorded action again is the recorded run: not evidence.
+    intervened = [r for r in rows if r.get("first_deviation") is not None]
     if len(rows) < CONSTANT_SCORER_FORKS or not intervened:
         return None
     if any(r["outcome"] != recorded for r in rows):

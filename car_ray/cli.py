@@ -334,17 +334,14 @@ def record_cmd(
 
 
 def _recorded_score(job: Job, tape: Tape) -> float:
-    """The scorer's value on a recorded run (1 the bad outcome)."""
-    from .replay import recorded_trajectory
+    """The scorer's value on a recorded run (1 the bad outcome), checked as `attribute`
+    checks it (in [0, 1], not NaN)."""
+    from .attribute import tape_outcome
 
-    assert tape.seal is not None
-    scorer = job.load("scorer")
     try:
-        return float(scorer(tape.seal.result, recorded_trajectory(tape)))
-    except Exception as exc:
-        raise _user_code_failed(
-            job, UserCodeError.of("scorer", scorer, exc, "scoring the recorded run")
-        ) from None
+        return tape_outcome(job, tape)
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
 
 
 @app.command("replay")
@@ -593,7 +590,8 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
         markup=False,
     )
     # The last line, whole: a log or a pipe greps it.
-    console.print(verdict(outcome.attribution, tape), markup=False, highlight=False, soft_wrap=True)
+    line = verdict(outcome.attribution, tape, outcome.status)
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command("show")

@@ -166,7 +166,8 @@ def _header(tape: Tape, job: Mapping[str, Any], attribution: Sequence[Row]) -> s
     notes_html = "".join(f'<p class="note">{_e(note)}</p>' for note in notes)
     result = _seal_result(tape)
     # The same line the command line ends with, from the rows and the tape.
-    verdict_html = f'<p class="verdict">{_e(verdict(attribution, tape))}</p>' if attribution else ""
+    line = verdict(attribution, tape, str(job.get("status")))
+    verdict_html = f'<p class="verdict">{_e(line)}</p>' if attribution else ""
     return f"""<header>
 <h1>car-ray report <span class="status {status_class}">{_e(status)}</span></h1>
 {verdict_html}<dl class="facts">{rows}</dl>

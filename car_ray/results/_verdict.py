@@ -144,12 +144,16 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
     return None
 
 
-def verdict(rows: Sequence[Row], tape: Tape | None = None) -> str:
+def verdict(rows: Sequence[Row], tape: Tape | None = None, status: str | None = None) -> str:
     """One line: the step(s) to fix, what happened there, the effect with its interval and
     the confidence level; or why there is no step to name."""
     top = top_cause(rows, tape)
     if top is None:
-        measured = any(r.get("phi") is not None or r.get("flip_n") for r in rows)
+        # A job whose status says nothing was measured is believed over rows with a value
+        # (a step the screen cleared after a draw or two has phi 0 and no rank).
+        measured = status != "nothing_measured" and any(
+            r.get("phi") is not None or r.get("flip_n") for r in rows
+        )
         return "verdict: " + (
             "no step to blame: no intervention changed the outcome"
             if measured

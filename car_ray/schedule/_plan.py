@@ -894,11 +894,15 @@ class Scheduler:
         assert self.screen is not None
         n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
         alpha = float(self.alpha)
-        return float(alpha ** (1.0 / (n + 1)) - alpha ** (1.0 / max(n, 1)))
+        before = 1.0 if n == 0 else 1.0 - alpha ** (1.0 / n)
+        return float(before - (1.0 - alpha ** (1.0 / (n + 1))))
 
     def _seed_gain(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
         """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
-        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition)."""
+        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition).
+        A "precise" verdict waits on the bound alone: seeds do not help it."""
+        if verdict[0] != "separated":
+            return 0.0
         estimates = shap.estimates()
         seeds = max(1, len(shap.complete_seeds()))
         half = max(estimates[k][0].half_width for k in verdict[1])
