@@ -20,6 +20,7 @@ def import_ref(ref: str, what: str, search_path: tuple[Path, ...] = ()) -> Any:
     for folder in reversed(search_path):
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
+    _forget_shadowed(module_name, search_path)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -36,3 +37,22 @@ def import_ref(ref: str, what: str, search_path: tuple[Path, ...] = ()) -> Any:
                 f"{what} {ref!r}: module {module_name!r} has no attribute {attr!r}"
             ) from None
     return target
+
+
+def _forget_shadowed(module_name: str, search_path: tuple[Path, ...]) -> None:
+    """A module of this name imported earlier from another folder (another job's
+    `lc_scorer.py`, say, in a process that runs many jobs) is not this job's: forget its
+    top-level package and everything under it, so the import finds the job's own file."""
+    top = module_name.split(".")[0]
+    file = getattr(sys.modules.get(top), "__file__", None)
+    if file is None:
+        return
+    for folder in search_path:
+        for candidate in (Path(folder) / f"{top}.py", Path(folder) / top / "__init__.py"):
+            if not candidate.is_file():
+                continue
+            if candidate.resolve() != Path(file).resolve():
+                for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+                    del sys.modules[name]
+                importlib.invalidate_caches()
+            return

@@ -285,3 +285,18 @@ def test_ctrl_c_stops_cleanly_and_a_resume_shows_real_spend(
     assert final["ledger"]["carried"]["usd"] == pytest.approx(0.05)
     all_rows = _rows(folder)
     assert final["ledger"]["spent"]["usd"] == pytest.approx(sum(r["cost_usd"] for r in all_rows))
+
+
+def test_a_job_imports_its_own_module_not_one_of_the_same_name(tmp_path: Path) -> None:
+    """Two jobs whose scorers live in modules of the same name, in one process (a test run,
+    later a batch): each job gets the function from its own folder, and its code digest."""
+    from car_ray._imports import import_ref
+
+    for name, value in (("a", 0.0), ("b", 1.0)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "same_name_scorer.py").write_text(
+            f"def scorer(*_):\n    return {value}\n"
+        )
+    first = import_ref("same_name_scorer:scorer", "scorer", (tmp_path / "a",))
+    second = import_ref("same_name_scorer:scorer", "scorer", (tmp_path / "b",))
+    assert (first(), second()) == (0.0, 1.0)

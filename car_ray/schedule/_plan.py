@@ -283,11 +283,14 @@ class Scheduler:
             tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=self.seed_base + seed
         )
 
-    def _shapes(self, spec: ForkSpec) -> tuple[tuple[str, Any], tuple[str, Any]]:
+    def _shapes(self, spec: ForkSpec) -> tuple[tuple[str, Any], ...]:
         """A fork's shapes, finest first: its tail and intervened steps (the forks of a
-        Shapley coalition across seeds), and its tail and first intervened step."""
+        Shapley coalition across seeds), its tail and first intervened step, and its tail
+        alone (the most live calls any fork of that tail made: Shapley chains and screen
+        blocks come in many shapes, few of which settle four forks under a tight cap)."""
         first = min(spec.interventions, default=len(self.steps))
-        return (spec.tail, tuple(sorted(spec.interventions))), (spec.tail, first)
+        steps = tuple(sorted(spec.interventions))
+        return (spec.tail, steps), (spec.tail, first), (spec.tail, None)
 
     def _seen_calls(self, spec: ForkSpec) -> list[int]:
         """Live calls of settled forks of the finest shape with LEARN_AFTER of them."""
