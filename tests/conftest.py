@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,3 +93,21 @@ def support_job_file(folder: Path, tape: Path, **settings: str) -> Path:
     path = folder / "job.toml"
     path.write_text(text)
     return path
+
+
+def attribute_command(job_file: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "car_ray.cli", "attribute", str(job_file), "--out", str(out)]
+
+
+def start_attribute(job_file: Path, out: Path, *, stdout: Any) -> subprocess.Popen[Any]:
+    """`car-ray attribute` as a user runs it, in its own session (a signal to the session
+    reaches its Ray and simulated provider too); stderr is piped, stdout goes to `stdout`."""
+    return subprocess.Popen(
+        attribute_command(job_file, out),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "200"},
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )

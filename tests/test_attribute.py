@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from car_ray.results import ForkSink, read_job_json, write_job_json
 from car_ray.schedule import job_id_of
 from car_ray.tape import Tape
 
-from .conftest import ROOT, SUPPORT_JOB, support_job_file
+from .conftest import ROOT, SUPPORT_JOB, attribute_command, start_attribute, support_job_file
 
 pytestmark = pytest.mark.usefixtures("ray_local")
 
@@ -164,23 +163,8 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
     )
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "160"}
-    command = [
-        sys.executable,
-        "-m",
-        "car_ray.cli",
-        "attribute",
-        str(job_file),
-        "--out",
-        str(out),
-    ]
-    first = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    command = attribute_command(job_file, out)
+    first = start_attribute(job_file, out, stdout=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         parts: list[Path] = []
@@ -188,7 +172,7 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
             parts = list(out.glob("*/forks/part-*.parquet"))
             if len(parts) >= 2:
                 break
-            assert first.poll() is None, first.stderr.read().decode() if first.stderr else ""
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
             time.sleep(0.1)
         assert len(parts) >= 2, "the first run never wrote two parts"
         os.kill(first.pid, signal.SIGKILL)

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from car_ray.schedule import Budget
 from car_ray.tape import Tape
 from car_ray.truth import run_local
 
-from .conftest import ROOT, support_job_file
+from .conftest import start_attribute, support_job_file
 
 cli = CliRunner()
 ENV = {"COLUMNS": "200"}
@@ -237,17 +236,7 @@ def test_ctrl_c_stops_cleanly_and_a_resume_shows_real_spend(
 ) -> None:
     job = _job_with(tmp_path / "job", demo_tape_path, sim_latency_ms="300", max_forks="60")
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "200"}
-    command = [sys.executable, "-m", "car_ray.cli", "attribute", str(job), "--out", str(out)]
-    run = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    run = start_attribute(job, out, stdout=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
