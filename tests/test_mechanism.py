@@ -117,3 +117,23 @@ def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
             if r["rank"] is None and r["phi_hi"] is not None:
                 assert r["phi_hi"] < top[0]["phi_lo"], (seed, r["step"], r["phi_hi"])
     assert stopped >= 2
+
+
+def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
+    """One candidate: each seed's phi is a 0/1 flip with probability 0.3 (its exact phi).
+    Over 400 jobs of 24 seeds each, the interval covers 0.3 at least 93% of the time, and its
+    lower end sits above the t interval's (so a separated top needs less screening)."""
+    rng = random.Random(11)
+    covered = higher = 0
+    for _ in range(400):
+        shap = SeedShapley([4], 0.05, salt="w")
+        for seed in range(24):
+            shap.observe(seed, frozenset({4}), rng.random() < 0.3)
+        phi = shap.estimates()[4][0]
+        assert phi.low is not None and phi.high is not None
+        covered += phi.low <= 0.3 <= phi.high
+        flips = np.array([shap.values[s][frozenset({4})] for s in range(24)])
+        t_low = mean_interval(flips, 0.05, low=-1.0, high=1.0).low
+        higher += t_low is not None and phi.low > t_low
+    assert covered / 400 >= 0.93, covered / 400
+    assert higher / 400 >= 0.9, higher / 400

@@ -192,11 +192,20 @@ class SeedShapley:
         out: dict[int, tuple[Interval, Interval, Interval]] = {}
         for j, k in enumerate(self.candidates):
             out[k] = (
-                mean_interval(phi[:, j], self.alpha, low=-1.0, high=1.0),
+                self._phi_interval(phi[:, j]),
                 _proportion(nec[:, j], self.alpha, n),
                 _proportion(suf[:, j], self.alpha, n),
             )
         return out
+
+    def _phi_interval(self, values: np.ndarray) -> Interval:
+        """A candidate's phi over the seeds. One candidate alone: each seed's phi is its one
+        coalition's flip, a 0/1 draw, and Wilson's interval is the exact-enough one (the t
+        interval is wider at a rate away from 1/2, and a separated top then needs more
+        screening to clear the other steps). Otherwise the mean with a t interval."""
+        if len(self.candidates) == 1:
+            return _proportion(values, self.alpha, int(values.size))
+        return mean_interval(values, self.alpha, low=-1.0, high=1.0)
 
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
@@ -224,7 +233,7 @@ class SeedShapley:
 
         top = [j for j in range(len(m)) if j == lead or not apart(lead, j)]
         rest = [j for j in range(len(m)) if j not in top]
-        own = [mean_interval(phi[:, j], self.alpha, low=-1.0, high=1.0) for j in range(len(m))]
+        own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
         above_zero = all((own[j].low or 0.0) > 0 for j in top)
         if above_zero and all(apart(i, j) for i in top for j in rest):
             return "separated", [m[j] for j in top]

@@ -1195,6 +1195,7 @@ class Scheduler:
                 "again (status provider_error: never scored)"
             )
         self._stage("aggregate")
+        self.progress.in_flight = 0  # every fork asked for has settled or been given up
         self.sink.flush()
         rows = [self._stamped(r) for r in self.aggregate()]
         self._tick()
