@@ -31,7 +31,7 @@ from rich.table import Table
 from . import __version__
 from ._usercode import UserCodeError
 from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
-from .job import Job
+from .job import NOT_IDENTITY, Job
 from .providers import PriceTable
 from .replay import BaseUrls, is_bad
 from .results import (
@@ -73,6 +73,10 @@ CONSTANT_SCORER_FORKS = 10
 class Interrupted(Exception):
     """The job was stopped by Ctrl-C: what it wrote and spent is kept; the message says how
     many rows are saved and how to resume."""
+
+
+def _interrupted_text(rows: int) -> str:
+    return f"interrupted: {rows} rows saved; rerun the same command to resume"
 
 
 def check_tape(job: Job, tape: Tape) -> float:
@@ -414,7 +418,7 @@ def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
     """A note when this job's request and tape were attributed before with other agent,
     scorer or policy source (a local output folder only): which changed, and where the
     old results are."""
-    request = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
+    request = job.request_identity()
     code = job.source_digests()
     for path in sorted(glob.glob(os.path.join(glob.escape(out), "*", "job.json"))):
         if os.path.basename(os.path.dirname(path)) == job_id:
@@ -422,11 +426,9 @@ def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
         try:
             with open(path, encoding="utf-8") as f:
                 info = json.load(f)
-            before = dict(info["request"])
-        except (OSError, ValueError, KeyError, TypeError):
+            before = {k: v for k, v in info["request"].items() if k not in NOT_IDENTITY}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        for key in ("budget", "out", "provider"):
-            before.pop(key, None)
         if info.get("tape", {}).get("id") != tape.tape_id or before != request:
             continue
         old = info.get("code")
@@ -625,10 +627,7 @@ def _run_job(
             """The status the scheduler cannot know: interrupted, or nothing measured."""
             if interrupted:
                 outcome.status = "interrupted"
-                outcome.notes.append(
-                    f"interrupted: {len(existing) + outcome.progress.done} rows saved; rerun the "
-                    "same command to resume"
-                )
+                outcome.notes.append(_interrupted_text(len(existing) + outcome.progress.done))
             elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
                 outcome.status = "nothing_measured"
                 outcome.notes.append(
@@ -697,9 +696,7 @@ def _run_job(
             info.update(status="interrupted", finished=_iso(time.time()))
             write_job_json(out, job_id, info)
             done = scheduler.progress.done if scheduler else 0
-            raise Interrupted(
-                f"interrupted: {len(existing) + done} rows saved; rerun the same command to resume"
-            ) from None
+            raise Interrupted(_interrupted_text(len(existing) + done)) from None
         except BaseException:
             # A full disk fails the close's flush too: report the first error; the journal
             # keeps every row the sink took, for the run that resumes the job.

@@ -132,6 +132,10 @@ class JobSpec(BaseModel):
 
 AttributionRequest = JobSpec
 
+# Job-file keys that are not part of a job's identity: the same request under other caps,
+# another output or another provider is the same job (it resumes).
+NOT_IDENTITY = frozenset({"budget", "out", "provider"})
+
 
 @dataclass(frozen=True)
 class Job:
@@ -186,18 +190,29 @@ class Job:
         stem = self.path.stem if self.path.stem != "job" else self.folder.name
         return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:40] or "job"
 
+    def request_identity(self) -> dict[str, Any]:
+        """The request as a job's identity sees it: everything but how much it may spend,
+        where it writes and which provider answers (`NOT_IDENTITY`)."""
+        return self.spec.model_dump(mode="json", exclude=set(NOT_IDENTITY))
+
+    def _sources(self) -> dict[str, tuple[str, str | None]]:
+        """For each of the agent, scorer and policy that is set: its ref and the file its
+        module comes from (None for code without a file)."""
+        out: dict[str, tuple[str, str | None]] = {}
+        for key in ("agent", "scorer", "policy"):
+            ref = getattr(self.spec, key)
+            if ref:
+                self.load(key)
+                file = getattr(sys.modules.get(ref.partition(":")[0]), "__file__", None)
+                out[key] = (ref, None if file is None else str(file))
+        return out
+
     def source_digests(self) -> dict[str, str]:
         """The sha256 of the source file each of the agent, scorer and policy comes from
         (`key` -> digest): a fix in the scorer is a new job, not a resume of the old one's
-        rows. Code without a file (built in) is named by its ref alone."""
+        rows. Code without a file (built in) is "builtin"."""
         out: dict[str, str] = {}
-        for key in ("agent", "scorer", "policy"):
-            ref = getattr(self.spec, key)
-            if not ref:
-                continue
-            self.load(key)
-            module = sys.modules.get(ref.partition(":")[0])
-            file = getattr(module, "__file__", None)
+        for key, (_, file) in self._sources().items():
             try:
                 out[key] = sha256_hex(Path(file).read_bytes()) if file else "builtin"
             except OSError:
@@ -205,15 +220,9 @@ class Job:
         return out
 
     def source_files(self) -> dict[str, str]:
-        """The file each of the agent, scorer and policy comes from (`key` -> path)."""
-        out: dict[str, str] = {}
-        for key in ("agent", "scorer", "policy"):
-            ref = getattr(self.spec, key)
-            if ref:
-                self.load(key)
-                file = getattr(sys.modules.get(ref.partition(":")[0]), "__file__", None)
-                out[key] = str(file) if file else ref
-        return out
+        """The file each of the agent, scorer and policy comes from (`key` -> path; the ref
+        for code without a file)."""
+        return {key: file or ref for key, (ref, file) in self._sources().items()}
 
     def load(self, key: str) -> Any:
         ref = getattr(self.spec, key)

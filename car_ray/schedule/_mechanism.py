@@ -81,8 +81,12 @@ class DeviationScreen:
     def deviation_bound(self, k: int, alpha: float) -> float:
         """An upper bound on how often step k leaves the tape, from its clean observations
         (0 of n: the exact binomial bound 1 - alpha^(1/n))."""
-        n = self.clean.get(k, 0)
-        return 1.0 if n == 0 else 1.0 - alpha ** (1.0 / n)
+        return self.bound_after(self.clean.get(k, 0), alpha)
+
+    @staticmethod
+    def bound_after(n: int, alpha: float) -> float:
+        """The deviation bound after n clean observations and none that left the tape."""
+        return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
 
     @staticmethod
     def clean_for(bound: float, alpha: float) -> int:

@@ -173,8 +173,11 @@ def job_id_of(job: Job, tape: Tape) -> str:
     """The same request on the same tape with the same agent, scorer and policy source is
     the same job (budget and output aside), so a restart on the same output resumes it; a
     code change is a new job. `<name>-<digest>`: the job file's readable name first."""
-    spec = job.spec.model_dump(mode="json", exclude={"budget", "out", "provider"})
-    identity = {"tape": tape.tape_id, "request": spec, "code": job.source_digests()}
+    identity = {
+        "tape": tape.tape_id,
+        "request": job.request_identity(),
+        "code": job.source_digests(),
+    }
     return f"{job.name}-{digest_of(identity)[:16]}"
 
 
@@ -896,9 +899,8 @@ class Scheduler:
         found."""
         assert self.screen is not None
         n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
-        alpha = float(self.alpha)
-        before = 1.0 if n == 0 else 1.0 - alpha ** (1.0 / n)
-        return float(before - (1.0 - alpha ** (1.0 / (n + 1))))
+        bound = DeviationScreen.bound_after
+        return bound(n, self.alpha) - bound(n + 1, self.alpha)
 
     def _seed_gain(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
         """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
