@@ -12,6 +12,10 @@ with the recorded draw's randomness). Two facts make it cheap:
   game v_s of that seed is deterministic and its exact Shapley values phi_s are an unbiased
   draw of phi; seeds are independent, so the mean over seeds and a t interval are honest
   however many seeds the job stops at (`SeedShapley`).
+- Within a seed, a step's fresh draw at its recorded request is one fixed action. A fork of
+  the seed that re-draws step k and stays on the tape up to k shows that draw is the recorded
+  one; a coalition of such steps alone then stays on the tape and does not flip, with no fork
+  run (`SeedShapley.known`). A seed's largest coalition goes first: it shows the most.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, permutations
+from typing import Literal
 
 import numpy as np
 from scipy.stats import norm, t
@@ -127,6 +132,10 @@ class SeedShapley:
     salt: str = ""  # the attribution's seed: which random permutations a job walks
     values: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
     failed: set[int] = field(default_factory=set)
+    # Per seed: the candidates whose fresh draw at the recorded request is the recorded action
+    # (a fork of the seed re-drew them and stayed on the tape past them).
+    clean: dict[int, set[int]] = field(default_factory=dict)
+    _inferred: dict[int, set[frozenset[int]]] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -147,11 +156,44 @@ class SeedShapley:
             order.reverse()
         return [frozenset(order[: i + 1]) for i in range(len(order))]
 
-    def observe(self, seed: int, coalition: frozenset[int], flipped: bool | None) -> None:
+    def first(self, seed: int) -> frozenset[int]:
+        """The coalition a seed runs before the others: its largest (every candidate)."""
+        return max(self.coalitions(seed), key=len)
+
+    def observe(
+        self,
+        seed: int,
+        coalition: frozenset[int],
+        flipped: bool | None,
+        first_deviation: int | Literal["unknown"] | None = "unknown",
+    ) -> None:
+        """A fork's outcome; `first_deviation` (the step where it left the tape, None if it
+        never did) tells which of its steps drew their recorded action, and every coalition
+        of the seed made of such steps alone is then known not to flip."""
         if flipped is None:
             self.failed.add(seed)
             return
         self.values.setdefault(seed, {})[coalition] = float(flipped)
+        if first_deviation == "unknown":
+            return
+        clean = self.clean.setdefault(seed, set())
+        clean.update(k for k in coalition if first_deviation is None or k < first_deviation)
+        for other in self.coalitions(seed):
+            if other not in self.values[seed] and other <= clean:
+                self.values[seed][other] = 0.0
+                self._inferred.setdefault(seed, set()).add(other)
+
+    def known(self, seed: int, coalition: frozenset[int]) -> bool:
+        return coalition in self.values.get(seed, {})
+
+    def forks_per_seed(self) -> float:
+        """Forks a complete seed has cost so far (its coalitions less those known without a
+        fork); every coalition before any seed is complete."""
+        seeds = self.complete_seeds()
+        if not seeds:
+            return float(len(self.coalitions(0)))
+        inferred = sum(1 for s in seeds for c in self.values[s] if c in self._inferred.get(s, ()))
+        return (sum(len(self.values[s]) for s in seeds) - inferred) / len(seeds)
 
     def complete_seeds(self) -> list[int]:
         return sorted(

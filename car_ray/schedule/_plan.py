@@ -64,6 +64,10 @@ DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 fo
 SCREEN_FIRST = 8
 SCREEN_CLEAN = 20
 SCREEN_MOST = 60
+# Shapley seeds of the held game are fork seeds from here on (of the attribution's 2^32): the
+# screen's forks count from 0 and pick the candidates, so Shapley seeds that were the screen's
+# would see every step it found leave the tape (a selection bias toward the found steps).
+SHAPLEY_SEEDS = 1 << 31
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
@@ -724,9 +728,6 @@ class Scheduler:
             exhausted = self._seed_shapley()
             if len(screen.candidates) == found:
                 break
-        if exhausted:
-            # Shapley's verdict stands only with the screen's clearance behind it.
-            self.verdict = None
         if screen.strays:
             self.notes.append(
                 f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
@@ -746,7 +747,8 @@ class Scheduler:
             )
         else:
             self.notes.append("shapley: no step makes a choice that could change the outcome")
-        return exhausted
+        # A verdict that stands when the budget ends is an answer: the job is complete.
+        return exhausted and self.verdict is None
 
     def _screen_forks(self, room: int, pending: int) -> list[tuple[str, ForkSpec]]:
         """Up to `room` forks of the screen's block (at most SCREEN_IN_FLIGHT in flight)."""
@@ -804,12 +806,10 @@ class Scheduler:
         self.candidates = list(shap.candidates)
         coalitions_of: dict[int, set[frozenset[int]]] = {}
         for spec, row in self._rows("shapley", "held"):
-            seed = spec.seed - self.seed_base
+            seed = self._shapley_seed(spec)
             coalition = frozenset(spec.interventions)
             if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
-                shap.observe(
-                    seed, coalition, row["flipped"] if row["outcome"] is not None else None
-                )
+                _observe(shap, seed, coalition, row)
         pending: set[tuple[int, frozenset[int]]] = set()
         screening: set[str] = set()
         per_seed = max(1, len(shap.coalitions(0)))
@@ -822,15 +822,15 @@ class Scheduler:
                 if row["outcome"] is not None:
                     screen.observe(sorted(spec.interventions), row["first_deviation"])
                 return
-            seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
+            seed, coalition = self._shapley_seed(spec), frozenset(spec.interventions)
             pending.discard((seed, coalition))
-            shap.observe(seed, coalition, row["flipped"] if row["outcome"] is not None else None)
+            _observe(shap, seed, coalition, row)
 
         def on_unrun(spec: ForkSpec) -> None:
             if spec.task_id in screening:
                 screening.discard(spec.task_id)
                 return
-            seed, coalition = spec.seed - self.seed_base, frozenset(spec.interventions)
+            seed, coalition = self._shapley_seed(spec), frozenset(spec.interventions)
             pending.discard((seed, coalition))
             # A seed missing a coalition is incomplete: its other forks are not asked again.
             shap.observe(seed, coalition, None)
@@ -840,17 +840,22 @@ class Scheduler:
             out: list[tuple[str, ForkSpec]] = []
             seed = 0
             while len(out) < room:
-                if seed not in shap.failed:
-                    have = shap.values.get(seed, {})
-                    for coalition in shap.coalitions(seed):
-                        if len(out) >= room:
-                            break
-                        if coalition in have or (seed, coalition) in pending:
-                            continue
-                        pending.add((seed, coalition))
-                        plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-                        key = ",".join(map(str, sorted(coalition)))
-                        out.append(("shapley", self._spec("shapley", key, plan, "held", seed)))
+                first = shap.first(seed)
+                if seed in shap.failed or (seed, first) in pending:
+                    # The seed's other coalitions wait for its first: it may settle them.
+                    seed += 1
+                    continue
+                todo = [first] if not shap.known(seed, first) else shap.coalitions(seed)
+                for coalition in todo:
+                    if len(out) >= room:
+                        break
+                    if shap.known(seed, coalition) or (seed, coalition) in pending:
+                        continue
+                    pending.add((seed, coalition))
+                    plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                    key = ",".join(map(str, sorted(coalition)))
+                    fork_seed = SHAPLEY_SEEDS + seed
+                    out.append(("shapley", self._spec("shapley", key, plan, "held", fork_seed)))
                 seed += 1
             return out
 
@@ -860,17 +865,7 @@ class Scheduler:
             verdict = shap.verdict(target)
             if verdict is None or not self._may_stop(shap, target):
                 return seeds(room)
-            if not verdict[1]:
-                self.verdict = verdict
-                return None
-            need = self._clearance(shap, verdict)
-            bound = max((screen.deviation_bound(k, self.alpha) for k in self._unfound()), default=0)
-            if bound < need:
-                self.verdict = verdict
-                return None
-            clean = DeviationScreen.clean_for(need, self.alpha) if need > 0 else SCREEN_MOST
-            screen.clean_needed = min(SCREEN_MOST, clean)
-            if screen.done():  # cleared as far as it goes: the verdict stands at SCREEN_MOST
+            if self._stands(shap, verdict):
                 self.verdict = verdict
                 return None
             if self._screen_gain() >= self._seed_gain(shap, verdict):
@@ -880,7 +875,33 @@ class Scheduler:
             return seeds(room)
 
         exhausted = self._run(next_batch, on_row, on_unrun)
+        if exhausted and screen.candidates == shap.candidates:
+            # The budget ended: the verdict of every fork it paid for may stand all the same.
+            verdict = shap.verdict(target)
+            if verdict is not None and self._may_stop(shap, target) and self._stands(shap, verdict):
+                self.verdict = verdict
         return exhausted
+
+    def _stands(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> bool:
+        """Whether Shapley's verdict has the screen's clearance behind it: every step not
+        found has a deviation bound below what the verdict needs (`_clearance`), or was
+        screened as far as the screen goes (SCREEN_MOST). If not, the screen is asked for
+        the clean draws that would do."""
+        screen = self.screen
+        assert screen is not None
+        if not verdict[1]:
+            return True
+        need = self._clearance(shap, verdict)
+        bound = max((screen.deviation_bound(k, self.alpha) for k in self._unfound()), default=0)
+        if bound < need:
+            return True
+        clean = DeviationScreen.clean_for(need, self.alpha) if need > 0 else SCREEN_MOST
+        screen.clean_needed = min(SCREEN_MOST, clean)
+        return screen.done()
+
+    def _shapley_seed(self, spec: ForkSpec) -> int:
+        """Which seed of the Shapley stage a fork belongs to."""
+        return spec.seed - self.seed_base - SHAPLEY_SEEDS
 
     def _unfound(self) -> list[int]:
         """The resample steps the screen has not seen leave the tape."""
@@ -913,7 +934,7 @@ class Scheduler:
         half = max(estimates[k][0].half_width for k in verdict[1])
         if half == float("inf"):
             return float("inf")
-        return half / (2 * seeds) / max(1, len(shap.coalitions(seeds)))
+        return half / (2 * seeds) / max(1.0, shap.forks_per_seed())
 
     def _may_stop(self, shap: SeedShapley, target: float) -> bool:
         """Whether a verdict ends the Shapley stage: always, unless `precise_only` asks for
@@ -1356,6 +1377,11 @@ class Scheduler:
         )
         _rank([r for r in out if r["intervention"] != "resample"], "flip_rate")
         return sorted(out, key=_table_order)
+
+
+def _observe(shap: SeedShapley, seed: int, coalition: frozenset[int], row: dict[str, Any]) -> None:
+    scored = row["outcome"] is not None
+    shap.observe(seed, coalition, row["flipped"] if scored else None, row["first_deviation"])
 
 
 def _ignore(row: dict[str, Any]) -> None:
