@@ -1,0 +1,364 @@
+"""Recording in production (`car_ray.recording`): real agents, the real openai and anthropic
+SDKs, the simulated provider over real HTTP on 127.0.0.1; each run's tape replays with
+car-ray's own replay, failing runs are listed for batch, keys never reach a tape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import car_ray
+from car_ray.attribute import tape_outcome
+from car_ray.cli import app
+from car_ray.job import Job, load_job
+from car_ray.recorder import RecordedRun, marked_tapes, read_mark
+from car_ray.replay import BaseUrls, ForkRunner
+from car_ray.sim import SimServer
+from car_ray.tape import Tape, load_tape
+
+from .conftest import RESEARCH_JOB, SUPPORT_JOB
+
+SECRET = "sk-test-RECORDING-5c1d2e"
+# jobs/support_refund's agent with seed 3 is talked into the refund (the demo's failure);
+# with seed 5 it refuses. The marks are checked against the job's scorer on the tape, not
+# against these words.
+BAD_SEED, GOOD_SEED = 3, 5
+
+
+class SeenKeys:
+    """ASGI middleware in front of the simulated provider: the credentials it received, so a
+    test knows the key was really sent (and then that the tape does not have it)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.received: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name in (b"authorization", b"x-api-key"):
+                    self.received.append(value.decode())
+        await self.app(scope, receive, send)
+
+
+def _sim(job: Job) -> Iterator[tuple[SimServer, SeenKeys]]:
+    sim = SimServer(job.load("policy"))
+    seen = SeenKeys(sim.app)
+    sim.app = seen  # type: ignore[assignment]
+    with sim:
+        yield sim, seen
+
+
+@pytest.fixture(scope="module")
+def support() -> Iterator[tuple[SimServer, SeenKeys]]:
+    yield from _sim(load_job(SUPPORT_JOB))
+
+
+@pytest.fixture(scope="module")
+def research_job() -> Job:
+    return load_job(RESEARCH_JOB)
+
+
+@pytest.fixture(scope="module")
+def research(research_job: Job) -> Iterator[tuple[SimServer, SeenKeys]]:
+    yield from _sim(research_job)
+
+
+def _ticket(ticket_id: str) -> dict[str, str]:
+    """The demo job's ticket under another id."""
+    return {**load_job(SUPPORT_JOB).spec.input, "ticket_id": ticket_id}
+
+
+def _replays(job: Job, tape: Tape, agent: Any = None) -> float:
+    """Replay with car-ray's own replay (no network): raises on any divergence; returns the
+    recorded outcome by the job's scorer."""
+    runner = ForkRunner(
+        agent or job.load("agent"), job.load("scorer"), base_urls=BaseUrls.recorded_in(tape)
+    )
+    runner.add_tape(tape)
+
+    async def go() -> float:
+        try:
+            await runner.replay(tape.tape_id)
+            return runner.recorded_outcome(tape.tape_id)
+        finally:
+            await runner.aclose()
+
+    return asyncio.run(go())
+
+
+def test_decorated_sync_agent_records_each_run_replayable_and_marked(
+    support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, seen = support
+    folder = tmp_path / "traces"
+    scorer = support_job.load("scorer")
+    plain = support_job.load("agent")
+    agent = car_ray.recording(
+        folder,
+        scorer=scorer,
+        base_urls=BaseUrls.for_server(sim.url),
+        api_keys={"openai": SECRET},
+    )(plain)
+
+    bad = agent.record(_ticket("T-1"), seed=BAD_SEED)
+    good = agent.record(_ticket("T-2"), seed=GOOD_SEED)
+    # A plain call returns what the agent returns, and records too.
+    answer = agent(_ticket("T-3"))
+    assert isinstance(answer, dict) and "reply" in answer
+
+    tapes = sorted(folder.glob("*.tape"))
+    assert len(tapes) == 3 and len({t.name for t in tapes}) == 3
+    assert bad.path in tapes and good.path in tapes
+    for run in (bad, good):
+        tape = load_tape(run.path)
+        assert tape.seal is not None and tape.tape_id == run.tape_id
+        assert tape.header.agent == support_job.spec.agent  # the job's own reference
+        assert tape.header.input == _ticket("T-1" if run is bad else "T-2")
+        assert tape.seal.result == run.result
+        # Faithful under car-ray's replay, with the job's agent and with the decorated one
+        # (given car-ray's context it runs plain); the mark agrees with the job's scorer.
+        outcome = _replays(support_job, tape)
+        assert _replays(support_job, tape, agent) == outcome
+        assert outcome == tape_outcome(support_job, tape)
+        assert run.mark is not None and run.mark.score == outcome
+        assert run.mark.status == ("failed" if outcome >= 0.5 else "passed")
+        assert run.mark.marked_by == "scorer"
+    assert bad.mark is not None and bad.mark.status == "failed"
+    assert good.mark is not None and good.mark.status == "passed"
+
+    # `car-ray replay` as a user runs it.
+    replayed = CliRunner().invoke(app, ["replay", str(bad.path), "--job", str(SUPPORT_JOB)])
+    assert replayed.exit_code == 0, replayed.output
+    assert "faithful" in replayed.output and "recorded outcome 1.00" in replayed.output
+
+    # Batch picks the failing runs only (the third run is listed iff its scorer said bad).
+    third = next(t for t in tapes if t not in (bad.path, good.path))
+    third_bad = tape_outcome(support_job, load_tape(third)) >= 0.5
+    assert car_ray.failing_tapes(folder) == sorted([bad.path] + ([third] if third_bad else []))
+
+    # The caller's word replaces the scorer's, after the run ended; it is in the mark file.
+    good.mark_failed("the customer complained")
+    assert good.path in car_ray.failing_tapes(folder)
+    on_disk = json.loads((folder / good.path.name.replace(".tape", ".mark.json")).read_text())
+    assert on_disk["status"] == "failed" and on_disk["marked_by"] == "caller"
+    assert on_disk["reason"] == "the customer complained" and on_disk["score"] == 0.0
+    car_ray.mark_tape(bad.path, failed=False, reason="refund was approved by a manager")
+    assert bad.path not in car_ray.failing_tapes(folder)
+
+    # The key reached the provider, and no tape or mark holds it or any auth header.
+    assert any(SECRET in value for value in seen.received)
+    for path in folder.iterdir():
+        raw = path.read_bytes().lower()
+        assert SECRET.lower().encode() not in raw, path
+        for header in (b"authorization", b"x-api-key", b"bearer"):
+            assert header not in raw, (path, header)
+
+
+def _boom(ctx: car_ray.AgentContext) -> None:
+    """An agent whose backend fails after its first model call."""
+    client = ctx.openai()
+    client.chat.completions.create(
+        model="gpt-4o-mini", messages=[{"role": "user", "content": str(ctx.input)}]
+    )
+    raise RuntimeError("order service unavailable")
+
+
+def test_a_raising_agent_leaves_a_sealed_tape_marked_failed(
+    support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, _ = support
+    boom = car_ray.recording(tmp_path, base_urls=BaseUrls.for_server(sim.url))(_boom)
+    with pytest.raises(RuntimeError, match="order service unavailable") as raised:
+        boom({"order": "A1001"})
+    (tape_path,) = tmp_path.glob("*.tape")
+    assert any(str(tape_path) in note for note in raised.value.__notes__)
+    tape = load_tape(tape_path)
+    assert tape.seal is not None and tape.seal.error is not None
+    assert (tape.seal.error.type, tape.seal.error.message) == (
+        "RuntimeError",
+        "order service unavailable",
+    )
+    assert len(tape.steps) == 1
+    mark = read_mark(tape_path)
+    assert mark is not None and mark.status == "failed" and mark.marked_by == "error"
+    assert mark.reason == "the agent raised RuntimeError: order service unavailable"
+    assert car_ray.failing_tapes(tmp_path) == [tape_path]
+    # The tape replays to the same end: the recorded error, raised again.
+    runner = ForkRunner(_boom, support_job.load("scorer"), base_urls=BaseUrls.recorded_in(tape))
+    runner.add_tape(tape)
+
+    async def go() -> BaseException | None:
+        try:
+            return (await runner.replay(tape.tape_id)).error
+        finally:
+            await runner.aclose()
+
+    assert isinstance(asyncio.run(go()), RuntimeError)
+
+
+def test_context_manager_records_a_run_and_its_error(
+    support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, _ = support
+    plain = support_job.load("agent")
+    settings: dict[str, Any] = {
+        "agent": plain,
+        "scorer": support_job.load("scorer"),
+        "base_urls": BaseUrls.for_server(sim.url),
+    }
+    with car_ray.recording(tmp_path, input=_ticket("T-9"), seed=BAD_SEED, **settings) as run:
+        run.result = plain(run.ctx)
+    assert run.mark is not None and run.mark.status == "failed" and run.mark.score == 1.0
+    tape = load_tape(run.path)
+    assert tape.seal is not None and tape.seal.result == run.result
+    assert _replays(support_job, tape) == 1.0
+
+    # The caller marks a run inside the block; an error in the block seals the tape with it.
+    with car_ray.recording(tmp_path, input=_ticket("T-10"), seed=GOOD_SEED, **settings) as ok:
+        ok.result = plain(ok.ctx)
+        ok.mark_failed("reply was rude")
+    assert ok.mark is not None and (ok.mark.status, ok.mark.reason) == ("failed", "reply was rude")
+    assert ok.mark.score == 0.0  # the scorer still ran: its value is kept beside the mark
+
+    with (
+        pytest.raises(KeyError),
+        car_ray.recording(tmp_path, input=_ticket("T-11"), **settings) as broken,
+    ):
+        plain(broken.ctx)
+        raise KeyError("crm")
+    sealed = load_tape(broken.path).seal
+    assert sealed is not None and sealed.error is not None and sealed.error.type == "KeyError"
+    assert set(car_ray.failing_tapes(tmp_path)) == {run.path, ok.path, broken.path}
+
+    with pytest.raises(TypeError, match="name the agent"), car_ray.recording(tmp_path):
+        pass
+
+
+def test_concurrent_threads_each_get_their_own_tape(
+    support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, _ = support
+    agent = car_ray.recording(
+        tmp_path, scorer=support_job.load("scorer"), base_urls=BaseUrls.for_server(sim.url)
+    )(support_job.load("agent"))
+
+    def one(i: int) -> RecordedRun:
+        run: RecordedRun = agent.record(_ticket(f"T-{i}"), seed=i)
+        return run
+
+    with ThreadPoolExecutor(max_workers=6) as pool:
+        runs = list(pool.map(one, range(12)))
+    assert len({r.path for r in runs}) == 12 == len(list(tmp_path.glob("*.tape")))
+    for i, run in enumerate(runs):
+        tape = load_tape(run.path)
+        # No cross-talk: each tape has its own input and result, and replays on its own.
+        assert tape.header.input == _ticket(f"T-{i}") and tape.header.seed == i
+        assert tape.seal is not None and tape.seal.result == run.result
+        assert _replays(support_job, tape) == (run.mark.score if run.mark else None)
+    failing = {r.path for r in runs if r.mark is not None and r.mark.status == "failed"}
+    assert set(car_ray.failing_tapes(tmp_path)) == failing
+    assert 0 < len(failing) < 12  # both kinds among 12 seeds (fixed seeds: not by chance)
+
+
+QUESTIONS = [f"How deep is Lake Veyra at its deepest point? ({i}) Cite sources." for i in range(6)]
+
+
+def test_concurrent_asyncio_tasks_and_async_with(
+    research_job: Job, research: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, seen = research
+    plain = research_job.load("agent")
+    scorer = research_job.load("scorer")
+    rec = car_ray.recording(
+        tmp_path,
+        scorer=scorer,
+        base_urls=BaseUrls.for_server(sim.url),
+        api_keys={"anthropic": SECRET},
+    )
+    agent = rec(plain)
+
+    async def main() -> tuple[list[RecordedRun], RecordedRun]:
+        runs = await asyncio.gather(
+            *(agent.record({"question": q}, seed=i) for i, q in enumerate(QUESTIONS))
+        )
+        async with car_ray.recording(
+            tmp_path,
+            agent=plain,
+            input={"question": QUESTIONS[0]},
+            scorer=scorer,
+            seed=0,
+            base_urls=BaseUrls.for_server(sim.url),
+        ) as run:
+            run.result = await plain(run.ctx)
+        return runs, run
+
+    runs, in_block = asyncio.run(main())
+    assert len({r.path for r in [*runs, in_block]}) == 7
+    for run, question in [*zip(runs, QUESTIONS, strict=True), (in_block, QUESTIONS[0])]:
+        tape = load_tape(run.path)
+        assert tape.header.input == {"question": question}
+        assert tape.seal is not None and tape.seal.result == run.result
+        assert run.result["question"] == question
+        assert len(tape.steps) == 8
+        assert _replays(research_job, tape) == (run.mark.score if run.mark else None)
+    # The same seed and input in the block and in task 0: the same run, recorded twice.
+    assert in_block.result["answer"] == runs[0].result["answer"]
+    assert any(SECRET in value for value in seen.received)
+    assert not any(SECRET.encode() in p.read_bytes() for p in tmp_path.iterdir())
+
+
+def test_a_cancelled_run_is_sealed_and_marked_aborted(research_job: Job, tmp_path: Path) -> None:
+    with SimServer(research_job.load("policy"), latency_s=0.5) as slow:
+        agent = car_ray.recording(tmp_path, base_urls=BaseUrls.for_server(slow.url))(
+            research_job.load("agent")
+        )
+
+        async def main() -> None:
+            await asyncio.wait_for(agent({"question": QUESTIONS[0]}), timeout=0.2)
+
+        with pytest.raises(TimeoutError):
+            asyncio.run(main())
+    (tape_path,) = tmp_path.glob("*.tape")
+    tape = load_tape(tape_path)
+    assert tape.seal is not None and tape.seal.error is not None
+    assert tape.seal.error.type == "CancelledError"
+    mark = read_mark(tape_path)
+    assert mark is not None and mark.status == "aborted"
+    assert car_ray.failing_tapes(tmp_path) == []
+
+
+def test_listing_reports_unmarked_and_unreadable_marks_and_goes_on(
+    support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
+) -> None:
+    sim, _ = support
+    agent = car_ray.recording(
+        tmp_path, scorer=support_job.load("scorer"), base_urls=BaseUrls.for_server(sim.url)
+    )(support_job.load("agent"))
+    failed = agent.record(_ticket("T-1"), seed=BAD_SEED)
+    spoiled = agent.record(_ticket("T-2"), seed=BAD_SEED)
+    spoiled.path.with_name(spoiled.path.name.replace(".tape", ".mark.json")).write_text("{oops")
+    (tmp_path / "20990101T000000-000000Z-deadbeef.tape").write_text("")  # a run still going
+
+    listing = {entry.tape.name: entry for entry in marked_tapes(tmp_path)}
+    assert listing[failed.path.name].mark is not None
+    problem = listing[spoiled.path.name].problem
+    assert problem is not None and spoiled.path.name.replace(".tape", ".mark.json") in problem
+    assert "not a car-ray mark" in problem
+    assert listing["20990101T000000-000000Z-deadbeef.tape"].problem is not None
+    assert car_ray.failing_tapes(tmp_path) == [failed.path]
+
+    with pytest.raises(FileNotFoundError, match="no such folder"):
+        car_ray.failing_tapes(tmp_path / "missing")
+    with pytest.raises(ValueError, match="local folder"):
+        car_ray.recording("s3://bucket/traces")
