@@ -58,8 +58,9 @@ def mark_path(tape: Path) -> Path:
     return tape.with_name(name + MARK_SUFFIX)
 
 
-def write_mark(folder: Path, mark: RunMark) -> Path:
-    """Write `mark` beside its tape: whole, fsynced, then renamed over the old one."""
+def write_mark(folder: Path, mark: RunMark, *, fsync: bool = True) -> Path:
+    """Write `mark` beside its tape: whole, fsynced (unless not), then renamed over the old
+    one."""
     final = mark_path(folder / mark.tape)
     temp = final.with_name(f".{final.name}.{os.getpid()}.{id(mark):x}.tmp")
     data = mark.model_dump_json(exclude_none=True, indent=1).encode() + b"\n"
@@ -67,7 +68,8 @@ def write_mark(folder: Path, mark: RunMark) -> Path:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             os.write(fd, data)
-            os.fsync(fd)
+            if fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(temp, final)

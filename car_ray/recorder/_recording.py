@@ -134,7 +134,9 @@ class RecordedRun:
         folder = self._recording.folder
         for _ in range(3):
             try:
-                return TapeWriter(folder / _tape_name(self.started), header)
+                return TapeWriter(
+                    folder / _tape_name(self.started), header, fsync=self._recording.fsync
+                )
             except FileExistsError:  # the same name twice: draw another
                 continue
         raise FileExistsError(f"{folder}: could not find a free tape name in 3 tries")
@@ -174,7 +176,7 @@ class RecordedRun:
             marked_by=by,
             error=ToolError(type=type(error).__name__, message=str(error)) if error else None,
         )
-        write_mark(self.path.parent, self.mark)
+        write_mark(self.path.parent, self.mark, fsync=self._recording.fsync)
         return self.mark
 
     def _judge(
@@ -253,6 +255,7 @@ class Recording:
         seed: int | None,
         base_urls: BaseUrls | None,
         api_keys: Mapping[str, str] | None,
+        fsync: bool,
     ) -> None:
         if isinstance(folder, str) and "://" in folder:
             raise ValueError(
@@ -267,6 +270,7 @@ class Recording:
         self.seed = seed
         self.base_urls = base_urls or provider_base_urls()
         self.api_keys = dict(api_keys) if api_keys is not None else None
+        self.fsync = fsync
         self._scorer_fn: ScorerFn | None = None
         self._open: ContextVar[tuple[RecordedRun, ...]] = ContextVar("car_ray_recording_open")
 
@@ -428,6 +432,7 @@ def recording(
     seed: int | None = None,
     base_urls: BaseUrls | None = None,
     api_keys: Mapping[str, str] | None = None,
+    fsync: bool = True,
 ) -> Recording:
     """Record each run of an agent to its own tape in `folder`, with a mark beside it.
 
@@ -442,7 +447,12 @@ def recording(
     is marked failed (cancelled or interrupted: aborted). `base_urls` default to the
     providers' (OPENAI_BASE_URL / ANTHROPIC_BASE_URL), `api_keys` to OPENAI_API_KEY /
     ANTHROPIC_API_KEY; keys never reach a tape. `seed` fixes the seed every run is recorded
-    with (tests, simulated providers); by default each run draws its own."""
+    with (tests, simulated providers); by default each run draws its own.
+
+    Each line of a tape is fsynced before the agent goes on, as `car-ray record` does;
+    `fsync=False` leaves flushing to the OS (a killed process still leaves whole lines; a
+    power loss may cost a tape its last lines) and saves a disk wait per step
+    (benchmarks/recording_overhead.py)."""
     return Recording(
         folder,
         scorer=scorer,
@@ -451,4 +461,5 @@ def recording(
         seed=seed,
         base_urls=base_urls,
         api_keys=api_keys,
+        fsync=fsync,
     )
