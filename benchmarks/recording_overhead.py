@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import random
 import shutil
@@ -166,12 +167,14 @@ def _order(i: int) -> list[str]:
     return [*MODES[k:], *MODES[:k]]
 
 
-def bench_sync(job: Job, base_urls: BaseUrls, folder: Path, sets: int) -> list[RunFigures]:
+async def bench(job: Job, base_urls: BaseUrls, folder: Path, sets: int) -> list[RunFigures]:
+    """`sets` runs of the job's agent in each mode, interleaved; a sync agent blocks this
+    loop while it runs (its recorded calls go through the recording loop's thread)."""
     plain_agent = job.load("agent")
     settings: dict[str, Any] = {
         "scorer": job.load("scorer"),
         "base_urls": base_urls,
-        "api_keys": {"openai": "sk-bench"},
+        "api_keys": {"openai": "sk-bench", "anthropic": "sk-bench"},
     }
     recorded = {
         "recorded": car_ray.recording(folder, **settings)(plain_agent),
@@ -185,11 +188,11 @@ def bench_sync(job: Job, base_urls: BaseUrls, folder: Path, sets: int) -> list[R
             cpu, wall = time.process_time(), time.perf_counter()
             if mode == "unrecorded":
                 ctx = PlainContext(job.spec.input, seed, clients)
-                plain_agent(ctx)
+                await _maybe_await(plain_agent(ctx))
                 wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
                 calls = ctx.model_calls
             else:
-                run = recorded[mode].record(job.spec.input, seed=seed)
+                run = await _maybe_await(recorded[mode].record(job.spec.input, seed=seed))
                 wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
                 calls = _llm_steps(run)
             if i >= WARMUP:
@@ -197,35 +200,8 @@ def bench_sync(job: Job, base_urls: BaseUrls, folder: Path, sets: int) -> list[R
     return out
 
 
-async def bench_async(job: Job, base_urls: BaseUrls, folder: Path, sets: int) -> list[RunFigures]:
-    plain_agent = job.load("agent")
-    settings: dict[str, Any] = {
-        "scorer": job.load("scorer"),
-        "base_urls": base_urls,
-        "api_keys": {"anthropic": "sk-bench"},
-    }
-    recorded = {
-        "recorded": car_ray.recording(folder, **settings)(plain_agent),
-        "recorded, fsync=False": car_ray.recording(folder, fsync=False, **settings)(plain_agent),
-    }
-    clients = PlainClients(base_urls)
-    out: list[RunFigures] = []
-    for i in range(WARMUP + sets):
-        seed = 1000 + i
-        for mode in _order(i):
-            cpu, wall = time.process_time(), time.perf_counter()
-            if mode == "unrecorded":
-                ctx = PlainContext(job.spec.input, seed, clients)
-                await plain_agent(ctx)
-                wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
-                calls = ctx.model_calls
-            else:
-                run = await recorded[mode].record(job.spec.input, seed=seed)
-                wall_s, cpu_s = time.perf_counter() - wall, time.process_time() - cpu
-                calls = _llm_steps(run)
-            if i >= WARMUP:
-                out.append(RunFigures(mode, seed, calls, wall_s, cpu_s))
-    return out
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _p(values: list[float], q: float) -> float:
@@ -312,10 +288,7 @@ def main() -> None:
             ) as sim:
                 base_urls = BaseUrls.for_server(sim.url)
                 folder = scratch / job_file.parent.name
-                if "async" in name:
-                    runs = asyncio.run(bench_async(job, base_urls, folder, sets))
-                else:
-                    runs = bench_sync(job, base_urls, folder, sets)
+                runs = asyncio.run(bench(job, base_urls, folder, sets))
             summaries.extend(summarize(name, runs))
             raw[name] = [asdict(r) for r in runs]
             # Every recorded run left its tape and its mark.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +19,8 @@ import car_ray
 from car_ray.attribute import tape_outcome
 from car_ray.cli import app
 from car_ray.job import Job, load_job
-from car_ray.recorder import RecordedRun, marked_tapes, read_mark
-from car_ray.replay import BaseUrls, ForkRunner
+from car_ray.recorder import RecordedRun, Recording, marked_tapes, read_mark
+from car_ray.replay import BaseUrls, ForkRunner, RunResult
 from car_ray.sim import SimServer
 from car_ray.tape import Tape, load_tape
 
@@ -79,22 +80,36 @@ def _ticket(ticket_id: str) -> dict[str, str]:
     return {**load_job(SUPPORT_JOB).spec.input, "ticket_id": ticket_id}
 
 
-def _replays(job: Job, tape: Tape, agent: Any = None) -> float:
-    """Replay with car-ray's own replay (no network): raises on any divergence; returns the
-    recorded outcome by the job's scorer."""
-    runner = ForkRunner(
-        agent or job.load("agent"), job.load("scorer"), base_urls=BaseUrls.recorded_in(tape)
-    )
+def _replays(job: Job, tape: Path) -> float:
+    """`car-ray replay TAPE --job JOB` as a user runs it (no network): the tape must replay
+    faithfully; returns the recorded outcome by the job's scorer."""
+    done = CliRunner().invoke(app, ["replay", str(tape), "--job", str(job.path)])
+    assert done.exit_code == 0, done.output
+    assert "faithful" in done.output
+    found = re.search(r"recorded outcome ([0-9.]+)", done.output)
+    assert found is not None, done.output
+    return float(found.group(1))
+
+
+def _replay_with(agent: Any, scorer: Any, tape: Tape) -> RunResult:
+    """car-ray's replay of `tape` with this agent function (a divergence raises)."""
+    runner = ForkRunner(agent, scorer, base_urls=BaseUrls.recorded_in(tape))
     runner.add_tape(tape)
 
-    async def go() -> float:
+    async def go() -> RunResult:
         try:
-            await runner.replay(tape.tape_id)
-            return runner.recorded_outcome(tape.tape_id)
+            return await runner.replay(tape.tape_id)
         finally:
             await runner.aclose()
 
     return asyncio.run(go())
+
+
+def _recording(folder: Path, job: Job, sim: SimServer, **settings: Any) -> Recording:
+    """Runs of the job's agent recorded against `sim`, marked by the job's scorer."""
+    return car_ray.recording(
+        folder, scorer=job.load("scorer"), base_urls=BaseUrls.for_server(sim.url), **settings
+    )
 
 
 def test_decorated_sync_agent_records_each_run_replayable_and_marked(
@@ -102,14 +117,9 @@ def test_decorated_sync_agent_records_each_run_replayable_and_marked(
 ) -> None:
     sim, seen = support
     folder = tmp_path / "traces"
-    scorer = support_job.load("scorer")
-    plain = support_job.load("agent")
-    agent = car_ray.recording(
-        folder,
-        scorer=scorer,
-        base_urls=BaseUrls.for_server(sim.url),
-        api_keys={"openai": SECRET},
-    )(plain)
+    agent = _recording(folder, support_job, sim, api_keys={"openai": SECRET})(
+        support_job.load("agent")
+    )
 
     bad = agent.record(_ticket("T-1"), seed=BAD_SEED)
     good = agent.record(_ticket("T-2"), seed=GOOD_SEED)
@@ -128,19 +138,15 @@ def test_decorated_sync_agent_records_each_run_replayable_and_marked(
         assert tape.seal.result == run.result
         # Faithful under car-ray's replay, with the job's agent and with the decorated one
         # (given car-ray's context it runs plain); the mark agrees with the job's scorer.
-        outcome = _replays(support_job, tape)
-        assert _replays(support_job, tape, agent) == outcome
+        outcome = _replays(support_job, run.path)
+        replayed = _replay_with(agent, support_job.load("scorer"), tape)
+        assert replayed.error is None and replayed.result == run.result
         assert outcome == tape_outcome(support_job, tape)
         assert run.mark is not None and run.mark.score == outcome
         assert run.mark.status == ("failed" if outcome >= 0.5 else "passed")
         assert run.mark.marked_by == "scorer"
     assert bad.mark is not None and bad.mark.status == "failed"
     assert good.mark is not None and good.mark.status == "passed"
-
-    # `car-ray replay` as a user runs it.
-    replayed = CliRunner().invoke(app, ["replay", str(bad.path), "--job", str(SUPPORT_JOB)])
-    assert replayed.exit_code == 0, replayed.output
-    assert "faithful" in replayed.output and "recorded outcome 1.00" in replayed.output
 
     # Batch picks the failing runs only (the third run is listed iff its scorer said bad).
     third = next(t for t in tapes if t not in (bad.path, good.path))
@@ -195,16 +201,8 @@ def test_a_raising_agent_leaves_a_sealed_tape_marked_failed(
     assert mark.reason == "the agent raised RuntimeError: order service unavailable"
     assert car_ray.failing_tapes(tmp_path) == [tape_path]
     # The tape replays to the same end: the recorded error, raised again.
-    runner = ForkRunner(_boom, support_job.load("scorer"), base_urls=BaseUrls.recorded_in(tape))
-    runner.add_tape(tape)
-
-    async def go() -> BaseException | None:
-        try:
-            return (await runner.replay(tape.tape_id)).error
-        finally:
-            await runner.aclose()
-
-    assert isinstance(asyncio.run(go()), RuntimeError)
+    replayed = _replay_with(_boom, support_job.load("scorer"), tape)
+    assert isinstance(replayed.error, RuntimeError)
 
 
 def test_context_manager_records_a_run_and_its_error(
@@ -212,20 +210,19 @@ def test_context_manager_records_a_run_and_its_error(
 ) -> None:
     sim, _ = support
     plain = support_job.load("agent")
-    settings: dict[str, Any] = {
-        "agent": plain,
-        "scorer": support_job.load("scorer"),
-        "base_urls": BaseUrls.for_server(sim.url),
-    }
-    with car_ray.recording(tmp_path, input=_ticket("T-9"), seed=BAD_SEED, **settings) as run:
+
+    def recording(ticket: str, seed: int | None = None) -> Recording:
+        return _recording(tmp_path, support_job, sim, agent=plain, input=_ticket(ticket), seed=seed)
+
+    with recording("T-9", BAD_SEED) as run:
         run.result = plain(run.ctx)
     assert run.mark is not None and run.mark.status == "failed" and run.mark.score == 1.0
     tape = load_tape(run.path)
     assert tape.seal is not None and tape.seal.result == run.result
-    assert _replays(support_job, tape) == 1.0
+    assert _replays(support_job, run.path) == 1.0
 
     # The caller marks a run inside the block; an error in the block seals the tape with it.
-    with car_ray.recording(tmp_path, input=_ticket("T-10"), seed=GOOD_SEED, **settings) as ok:
+    with recording("T-10", GOOD_SEED) as ok:
         ok.result = plain(ok.ctx)
         ok.mark_failed("reply was rude")
     assert ok.mark is not None and (ok.mark.status, ok.mark.reason) == ("failed", "reply was rude")
@@ -233,7 +230,7 @@ def test_context_manager_records_a_run_and_its_error(
 
     with (
         pytest.raises(KeyError),
-        car_ray.recording(tmp_path, input=_ticket("T-11"), **settings) as broken,
+        recording("T-11") as broken,
     ):
         plain(broken.ctx)
         raise KeyError("crm")
@@ -249,9 +246,7 @@ def test_concurrent_threads_each_get_their_own_tape(
     support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
 ) -> None:
     sim, _ = support
-    agent = car_ray.recording(
-        tmp_path, scorer=support_job.load("scorer"), base_urls=BaseUrls.for_server(sim.url)
-    )(support_job.load("agent"))
+    agent = _recording(tmp_path, support_job, sim)(support_job.load("agent"))
 
     def one(i: int) -> RecordedRun:
         run: RecordedRun = agent.record(_ticket(f"T-{i}"), seed=i)
@@ -265,7 +260,7 @@ def test_concurrent_threads_each_get_their_own_tape(
         # No cross-talk: each tape has its own input and result, and replays on its own.
         assert tape.header.input == _ticket(f"T-{i}") and tape.header.seed == i
         assert tape.seal is not None and tape.seal.result == run.result
-        assert _replays(support_job, tape) == (run.mark.score if run.mark else None)
+        assert _replays(support_job, run.path) == (run.mark.score if run.mark else None)
     failing = {r.path for r in runs if r.mark is not None and r.mark.status == "failed"}
     assert set(car_ray.failing_tapes(tmp_path)) == failing
     assert 0 < len(failing) < 12  # both kinds among 12 seeds (fixed seeds: not by chance)
@@ -279,26 +274,14 @@ def test_concurrent_asyncio_tasks_and_async_with(
 ) -> None:
     sim, seen = research
     plain = research_job.load("agent")
-    scorer = research_job.load("scorer")
-    rec = car_ray.recording(
-        tmp_path,
-        scorer=scorer,
-        base_urls=BaseUrls.for_server(sim.url),
-        api_keys={"anthropic": SECRET},
-    )
-    agent = rec(plain)
+    agent = _recording(tmp_path, research_job, sim, api_keys={"anthropic": SECRET})(plain)
 
     async def main() -> tuple[list[RecordedRun], RecordedRun]:
         runs = await asyncio.gather(
             *(agent.record({"question": q}, seed=i) for i, q in enumerate(QUESTIONS))
         )
-        async with car_ray.recording(
-            tmp_path,
-            agent=plain,
-            input={"question": QUESTIONS[0]},
-            scorer=scorer,
-            seed=0,
-            base_urls=BaseUrls.for_server(sim.url),
+        async with _recording(
+            tmp_path, research_job, sim, agent=plain, input={"question": QUESTIONS[0]}, seed=0
         ) as run:
             run.result = await plain(run.ctx)
         return runs, run
@@ -311,7 +294,7 @@ def test_concurrent_asyncio_tasks_and_async_with(
         assert tape.seal is not None and tape.seal.result == run.result
         assert run.result["question"] == question
         assert len(tape.steps) == 8
-        assert _replays(research_job, tape) == (run.mark.score if run.mark else None)
+        assert _replays(research_job, run.path) == (run.mark.score if run.mark else None)
     # The same seed and input in the block and in task 0: the same run, recorded twice.
     assert in_block.result["answer"] == runs[0].result["answer"]
     assert any(SECRET in value for value in seen.received)
@@ -342,9 +325,7 @@ def test_listing_reports_unmarked_and_unreadable_marks_and_goes_on(
     support_job: Job, support: tuple[SimServer, SeenKeys], tmp_path: Path
 ) -> None:
     sim, _ = support
-    agent = car_ray.recording(
-        tmp_path, scorer=support_job.load("scorer"), base_urls=BaseUrls.for_server(sim.url)
-    )(support_job.load("agent"))
+    agent = _recording(tmp_path, support_job, sim)(support_job.load("agent"))
     failed = agent.record(_ticket("T-1"), seed=BAD_SEED)
     spoiled = agent.record(_ticket("T-2"), seed=BAD_SEED)
     spoiled.path.with_name(spoiled.path.name.replace(".tape", ".mark.json")).write_text("{oops")

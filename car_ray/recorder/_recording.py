@@ -272,7 +272,7 @@ class Recording:
         self.api_keys = dict(api_keys) if api_keys is not None else None
         self.fsync = fsync
         self._scorer_fn: ScorerFn | None = None
-        self._open: ContextVar[tuple[RecordedRun, ...]] = ContextVar("car_ray_recording_open")
+        self._open: ContextVar[tuple[RunScope, ...]] = ContextVar("car_ray_recording_open")
 
     def keys(self) -> dict[str, str]:
         """The API keys for this run: as given, else from the environment (read per run, so
@@ -308,14 +308,8 @@ class Recording:
 
     def _wrap_sync(self, fn: Callable[[AgentContext], Any], ref: str) -> Any:
         def record(input: Any, /, *, seed: int | None = None) -> RecordedRun:
-            loop, upstream = RECORDING_LOOP.get()
-            run = self._start(ref, input, seed, loop, upstream)
-            try:
-                result = fn(run.ctx)
-            except BaseException as exc:
-                _end_raised(run, exc)
-                raise
-            run._finish(result, None)
+            with RunScope(self, ref, input, seed) as run:
+                run.result = fn(run.ctx)
             return run
 
         @functools.wraps(fn)
@@ -329,13 +323,8 @@ class Recording:
 
     def _wrap_async(self, fn: Callable[[AgentContext], Awaitable[Any]], ref: str) -> Any:
         async def record(input: Any, /, *, seed: int | None = None) -> RecordedRun:
-            run = self._start_async(ref, input, seed)
-            try:
-                result = await fn(run.ctx)
-            except BaseException as exc:
-                _end_raised(run, exc)
-                raise
-            run._finish(result, None)
+            async with RunScope(self, ref, input, seed) as run:
+                run.result = await fn(run.ctx)
             return run
 
         @functools.wraps(fn)
@@ -347,51 +336,25 @@ class Recording:
         agent.record = record  # type: ignore[attr-defined]
         return agent
 
-    def _start(
-        self,
-        ref: str,
-        input: Any,
-        seed: int | None,
-        loop: asyncio.AbstractEventLoop,
-        upstream: Upstream,
-    ) -> RecordedRun:
-        return RecordedRun(
-            self,
-            agent_ref=ref,
-            input=input,
-            seed=seed if seed is not None else self.seed,
-            loop=loop,
-            upstream=upstream,
-        )
-
-    def _start_async(self, ref: str, input: Any, seed: int | None) -> RecordedRun:
-        recording_loop, upstream = RECORDING_LOOP.get()
-        return self._start(
-            ref, input, seed, asyncio.get_running_loop(), OnLoop(upstream, recording_loop)
-        )
-
     # -- the context manager ---------------------------------------------------------
 
-    def _context_ref(self) -> str:
+    def _scope(self) -> RunScope:
         if self.agent is None:
             raise TypeError(
                 "car_ray.recording(folder, agent=..., input=...): name the agent (the "
                 "function, or 'module:function') so the tape says which agent ran"
             )
-        return self.agent
+        scope = RunScope(self, self.agent, self.input, None)
+        self._open.set((*self._open.get(()), scope))
+        return scope
 
-    def _push(self, run: RecordedRun) -> RecordedRun:
-        self._open.set((*self._open.get(()), run))
-        return run
-
-    def _pop(self) -> RecordedRun:
-        *rest, run = self._open.get()
+    def _pop(self) -> RunScope:
+        *rest, scope = self._open.get()
         self._open.set(tuple(rest))
-        return run
+        return scope
 
     def __enter__(self) -> RecordedRun:
-        loop, upstream = RECORDING_LOOP.get()
-        return self._push(self._start(self._context_ref(), self.input, None, loop, upstream))
+        return self._scope().__enter__()
 
     def __exit__(
         self,
@@ -399,14 +362,65 @@ class Recording:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        run = self._pop()
-        if exc is not None:
-            _end_raised(run, exc)
-        else:
-            run._finish(run.result, None)
+        self._pop().__exit__(exc_type, exc, tb)
 
     async def __aenter__(self) -> RecordedRun:
-        return self._push(self._start_async(self._context_ref(), self.input, None))
+        return await self._scope().__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._pop().__exit__(exc_type, exc, tb)
+
+
+class RunScope:
+    """One recorded run as a with-block: entering opens its tape; leaving seals it with
+    `run.result`, or with what the block raised (which goes on, with a note naming the
+    tape), then scores and marks it. Sync: model calls go through the recording loop;
+    async: the run lives on the running loop."""
+
+    def __init__(self, recording: Recording, ref: str, input: Any, seed: int | None) -> None:
+        self.recording = recording
+        self.ref = ref
+        self.input = input
+        self.seed = seed if seed is not None else recording.seed
+        self.run: RecordedRun | None = None
+
+    def _open(self, loop: asyncio.AbstractEventLoop, upstream: Upstream) -> RecordedRun:
+        self.run = RecordedRun(
+            self.recording,
+            agent_ref=self.ref,
+            input=self.input,
+            seed=self.seed,
+            loop=loop,
+            upstream=upstream,
+        )
+        return self.run
+
+    def __enter__(self) -> RecordedRun:
+        return self._open(*RECORDING_LOOP.get())
+
+    async def __aenter__(self) -> RecordedRun:
+        recording_loop, upstream = RECORDING_LOOP.get()
+        return self._open(asyncio.get_running_loop(), OnLoop(upstream, recording_loop))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        run = self.run
+        assert run is not None
+        if exc is None:
+            run._finish(run.result, None)
+            return
+        run._finish(None, exc)
+        status = run.mark.status if run.mark else "unmarked"
+        exc.add_note(f"car-ray recorded this run to {run.path} (marked {status})")
 
     async def __aexit__(
         self,
@@ -415,12 +429,6 @@ class Recording:
         tb: TracebackType | None,
     ) -> None:
         self.__exit__(exc_type, exc, tb)
-
-
-def _end_raised(run: RecordedRun, exc: BaseException) -> None:
-    """The run raised: seal its tape with the error and say where the tape is."""
-    run._finish(None, exc)
-    exc.add_note(f"car-ray recorded this run to {run.path} (marked {run.mark and run.mark.status})")
 
 
 def recording(
