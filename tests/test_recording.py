@@ -7,6 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,7 +28,7 @@ from car_ray.replay import BaseUrls, ForkRunner, RunResult
 from car_ray.sim import SimServer
 from car_ray.tape import Tape, load_tape
 
-from .conftest import RESEARCH_JOB, SUPPORT_JOB
+from .conftest import RESEARCH_JOB, ROOT, SUPPORT_JOB
 
 SECRET = "sk-test-RECORDING-5c1d2e"
 # jobs/support_refund's agent with seed 3 is talked into the refund (the demo's failure);
@@ -343,3 +347,42 @@ def test_listing_reports_unmarked_and_unreadable_marks_and_goes_on(
         car_ray.failing_tapes(tmp_path / "missing")
     with pytest.raises(ValueError, match="local folder"):
         car_ray.recording("s3://bucket/traces")
+
+
+KILLED_RUN = """
+import sys
+sys.path.insert(0, sys.argv[3])
+import car_ray
+from car_ray.replay import BaseUrls
+from support_refund.agent import support_agent
+
+agent = car_ray.recording(sys.argv[1], base_urls=BaseUrls.for_server(sys.argv[2]))(support_agent)
+agent({"ticket_id": "T-1", "text": "Refund please."})
+"""
+
+
+def test_a_killed_process_leaves_an_incomplete_tape_that_is_not_listed(
+    support_job: Job, tmp_path: Path
+) -> None:
+    with SimServer(support_job.load("policy"), latency_s=1.0) as slow:
+        process = subprocess.Popen(
+            [sys.executable, "-c", KILLED_RUN, str(tmp_path), slow.url, str(ROOT / "jobs")]
+        )
+        try:
+            deadline = time.monotonic() + 60
+            # SIGKILL once the first model call is on the tape and the second is waiting.
+            while not any(b'"type":"llm"' in t.read_bytes() for t in tmp_path.glob("*.tape")):
+                assert process.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            process.send_signal(signal.SIGKILL)
+        finally:
+            process.kill()
+            process.wait()
+    (tape_path,) = tmp_path.glob("*.tape")
+    tape = load_tape(tape_path)
+    # Whole lines up to the cut (the model call, maybe the tool after it), and no seal.
+    assert tape.seal is None and tape.steps and tape.steps[0].type == "llm"
+    assert len(tape.steps) <= 2
+    assert car_ray.failing_tapes(tmp_path) == []
+    (entry,) = marked_tapes(tmp_path)
+    assert entry.mark is None and entry.problem is not None and "killed" in entry.problem
