@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,11 @@ def test_listing_reports_unmarked_and_unreadable_marks_and_goes_on(
     assert listing["20990101T000000-000000Z-deadbeef.tape"].problem is not None
     assert car_ray.failing_tapes(tmp_path) == [failed.path]
 
+    # `since` keeps the runs started at or after it (in UTC).
+    assert car_ray.failing_tapes(tmp_path, since=failed.started) == [failed.path]
+    assert car_ray.failing_tapes(tmp_path, since=spoiled.started) == []
+    with pytest.raises(ValueError, match="no timezone"):
+        car_ray.failing_tapes(tmp_path, since=datetime(2025, 1, 1))
     with pytest.raises(FileNotFoundError, match="no such folder"):
         car_ray.failing_tapes(tmp_path / "missing")
     with pytest.raises(ValueError, match="local folder"):

@@ -136,6 +136,11 @@ def marked_tapes(
     """Every tape in `folder` (not its subfolders) with its mark, oldest first; `since` keeps
     the runs started at or after it (a timezone-aware time). A mark that cannot be read is
     reported in `problem`, never raised: one bad file does not stop a night's batch."""
+    if since is not None and since.utcoffset() is None:
+        raise ValueError(
+            f"since={since.isoformat()} has no timezone: marks are in UTC; give an aware "
+            "time, e.g. datetime.now(UTC) - timedelta(days=1)"
+        )
     root = Path(folder)
     if not root.is_dir():
         raise FileNotFoundError(
