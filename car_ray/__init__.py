@@ -4,6 +4,7 @@ Record a run as a tape, replay it byte for byte, and fork it with interventions 
 
 from __future__ import annotations
 
+from .recorder import failing_tapes, mark_tape, recording
 from .replay import (
     AgentContext,
     BaseUrls,
@@ -39,6 +40,9 @@ __all__ = [
     "Tape",
     "TapeError",
     "__version__",
+    "failing_tapes",
     "load_tape",
+    "mark_tape",
     "record",
+    "recording",
 ]

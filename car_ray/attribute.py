@@ -29,7 +29,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from ._usercode import UserCodeError
 from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
 from .job import NOT_IDENTITY, Job
 from .providers import PriceTable
@@ -786,18 +785,10 @@ def _constant_scorer(job: Job, scheduler: Scheduler, recorded: float) -> str | N
 def tape_outcome(job: Job, tape: Tape) -> float:
     """The scorer's value on the recorded run (for job.json and the report); a scorer that
     raises is a `UserCodeError` naming its file and line."""
-    from .replay import recorded_trajectory
+    from .replay import recorded_trajectory, score_run
 
     assert tape.seal is not None
-    scorer = job.load("scorer")
-    try:
-        value = float(scorer(tape.seal.result, recorded_trajectory(tape)))
-    except Exception as exc:
-        raise UserCodeError.of("scorer", scorer, exc) from None
-    if not 0.0 <= value <= 1.0:  # NaN too (as ForkRunner scores a fork)
-        bad = ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
-        raise UserCodeError.of("scorer", scorer, bad)
-    return value
+    return score_run(job.load("scorer"), tape.seal.result, recorded_trajectory(tape))
 
 
 def _versions() -> dict[str, str]:

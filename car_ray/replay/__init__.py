@@ -14,6 +14,9 @@ from ._fork import (
     ScorerFn,
     is_bad,
     record,
+    recording_header,
+    score_run,
+    seal_recording,
 )
 from ._interventions import (
     INTERVENTION_KINDS,
@@ -41,7 +44,15 @@ from ._run import (
     recorded_trajectory,
     step_seed,
 )
-from ._upstream import AiohttpUpstream, HttpxUpstream, RateLimiter, RetryPolicy, Upstream
+from ._upstream import (
+    AiohttpUpstream,
+    HttpxUpstream,
+    RateLimiter,
+    RetryPolicy,
+    Upstream,
+    WireRequest,
+    WireResponse,
+)
 
 __all__ = [
     "INTERVENTION_KINDS",
@@ -76,6 +87,8 @@ __all__ = [
     "Tail",
     "ToolFailed",
     "Upstream",
+    "WireRequest",
+    "WireResponse",
     "call_bound",
     "first_deviation",
     "fresh_seed",
@@ -83,5 +96,8 @@ __all__ = [
     "json_diff",
     "record",
     "recorded_trajectory",
+    "recording_header",
+    "score_run",
+    "seal_recording",
     "step_seed",
 ]

@@ -145,6 +145,19 @@ def is_bad(outcome: float) -> bool:
     return outcome >= 0.5
 
 
+def score_run(scorer: ScorerFn, result: Any, trajectory: list[dict[str, Any]]) -> float:
+    """The scorer's value for one run, in [0, 1]; a `UserCodeError` naming the scorer's file
+    and line when it raises or returns anything else."""
+    try:
+        value = float(scorer(result, trajectory))
+    except Exception as exc:
+        raise UserCodeError.of("scorer", scorer, exc) from exc
+    if not 0.0 <= value <= 1.0:  # NaN too: every comparison with it is False
+        bad = ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
+        raise UserCodeError.of("scorer", scorer, bad)
+    return value
+
+
 class _Engine:
     """Runs agent functions on one event loop; sync agents go to a thread pool."""
 
@@ -203,16 +216,7 @@ async def record(
     overwrite: bool = False,
 ) -> tuple[Tape, RunResult]:
     """Run the agent live and write its tape, event by event; returns the sealed tape."""
-    # The seed is always written: a fork re-answers a held step whose request changed with
-    # the recorded draw's randomness, which it derives from this seed.
-    seed = seed if seed is not None else time.time_ns() % (1 << 62)
-    header = TapeHeader(
-        agent=agent_ref,
-        input=input,
-        provider=base_urls.as_dict(),
-        created=datetime.now(UTC).isoformat(timespec="seconds"),
-        seed=seed,
-    )
+    header = recording_header(agent_ref, input, base_urls, seed)
     writer = TapeWriter(path, header, overwrite=overwrite)
     owned = upstream is None
     engine = _Engine(
@@ -227,20 +231,37 @@ async def record(
         loop=asyncio.get_running_loop(),
         upstream=engine.upstream,
         writer=writer,
-        seed=seed,
+        seed=header.seed or 0,
         base_urls=base_urls.as_dict(),
     )
     try:
         outcome = await engine.execute(run, input)
     finally:
         await engine.aclose(upstream=owned)
-    error = (
-        ToolError(type=type(outcome.error).__name__, message=str(outcome.error))
-        if outcome.error is not None
-        else None
-    )
-    writer.seal(outcome.result, error)
+    seal_recording(writer, outcome.result, outcome.error)
     return load_tape(path), outcome
+
+
+def recording_header(
+    agent_ref: str, input: Any, base_urls: BaseUrls, seed: int | None = None
+) -> TapeHeader:
+    """The first line of a tape about to be recorded; without a seed, one from the clock."""
+    # The seed is always written: a fork re-answers a held step whose request changed with
+    # the recorded draw's randomness, which it derives from this seed.
+    return TapeHeader(
+        agent=agent_ref,
+        input=input,
+        provider=base_urls.as_dict(),
+        created=datetime.now(UTC).isoformat(timespec="seconds"),
+        seed=seed if seed is not None else time.time_ns() % (1 << 62),
+    )
+
+
+def seal_recording(writer: TapeWriter, result: Any, error: BaseException | None) -> str:
+    """Seal a recorded run with the agent's result, or the error it raised (its type and
+    message); returns the tape id."""
+    raised = ToolError(type=type(error).__name__, message=str(error)) if error else None
+    return writer.seal(result, raised)
 
 
 class ForkRunner:
@@ -293,14 +314,7 @@ class ForkRunner:
         return self._recorded_outcomes[tape_id]
 
     def _score(self, result: Any, trajectory: list[dict[str, Any]]) -> float:
-        try:
-            value = float(self.scorer(result, trajectory))
-        except Exception as exc:
-            raise UserCodeError.of("scorer", self.scorer, exc) from exc
-        if not 0.0 <= value <= 1.0:  # NaN too: every comparison with it is False
-            bad = ValueError(f"the scorer returned {value}; outcomes must lie in [0, 1]")
-            raise UserCodeError.of("scorer", self.scorer, bad)
-        return value
+        return score_run(self.scorer, result, trajectory)
 
     def check(self, spec: ForkSpec) -> None:
         """Refuse a spec that names steps the tape does not have or misfits a step's kind."""

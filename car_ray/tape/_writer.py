@@ -13,10 +13,17 @@ from ._model import TapeHeader, TapeSeal, ToolError
 
 
 class TapeWriter:
-    """Writes one tape: the header at open, events as they happen, the seal at close."""
+    """Writes one tape: the header at open, events as they happen, the seal at close.
 
-    def __init__(self, path: Path, header: TapeHeader, *, overwrite: bool = False) -> None:
+    `fsync=False` keeps one write a line (a killed process still leaves whole lines) but
+    leaves flushing to the OS: a power loss may lose the last lines, and no line waits on
+    the disk."""
+
+    def __init__(
+        self, path: Path, header: TapeHeader, *, overwrite: bool = False, fsync: bool = True
+    ) -> None:
         self.path = Path(path)
+        self._fsync = fsync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if overwrite else os.O_EXCL)
         try:
@@ -38,7 +45,8 @@ class TapeWriter:
         # One write per line, then fsync: a killed recorder leaves whole lines only
         # (a torn last line is detected and dropped by the loader).
         os.write(self._fd, data + b"\n")
-        os.fsync(self._fd)
+        if self._fsync:
+            os.fsync(self._fd)
         self._chain = sha256_hex(data)
 
     def append_event(self, event: dict[str, Any]) -> None:
