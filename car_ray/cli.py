@@ -26,6 +26,7 @@ from typer.core import TyperGroup, TyperOption
 from ._aio import run as run_loop
 from ._usercode import UserCodeError
 from .job import Job, JobFileError, load_job
+from .providers import api_keys_from_env
 from .replay import (
     INTERVENTION_KINDS,
     AiohttpUpstream,
@@ -177,14 +178,6 @@ def _provider(job: Job, base_url: str | None) -> Iterator[BaseUrls]:
         yield BaseUrls.for_server(sim.url)
 
 
-def _api_keys() -> dict[str, str]:
-    keys = {
-        "openai": os.environ.get("OPENAI_API_KEY"),
-        "anthropic": os.environ.get("ANTHROPIC_API_KEY"),
-    }
-    return {k: v for k, v in keys.items() if v}
-
-
 def _parse_value(kind: str, value: str | None) -> Intervention:
     """`--value` for each kind: JSON, or a plain string where that is unambiguous."""
     raw: Any = None
@@ -300,7 +293,7 @@ def record_cmd(
                 path,
                 base_urls=urls,
                 seed=run_seed,
-                api_keys=_api_keys(),
+                api_keys=api_keys_from_env(),
                 overwrite=overwrite,
             )
 
@@ -425,7 +418,7 @@ def fork_cmd(
                 job.load("scorer"),
                 base_urls=urls,
                 upstream=AiohttpUpstream(),
-                api_keys=_api_keys(),
+                api_keys=api_keys_from_env(),
             )
             try:
                 runner.add_tape(tape)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ._anthropic import AnthropicMessagesCodec
 from ._openai import OpenAIChatCodec
 from ._pricing import DEFAULT_PRICING, Price, PriceTable
@@ -60,3 +62,13 @@ __all__ = [
     "estimate_tokens",
     "estimate_usage",
 ]
+
+
+def api_keys_from_env() -> dict[str, str]:
+    """OPENAI_API_KEY and ANTHROPIC_API_KEY, where set. They reach the provider in the
+    request's headers and never a tape: the seam writes an allowlist of headers only."""
+    keys = {
+        "openai": os.environ.get("OPENAI_API_KEY"),
+        "anthropic": os.environ.get("ANTHROPIC_API_KEY"),
+    }
+    return {k: v for k, v in keys.items() if v}

@@ -21,7 +21,6 @@ from ._recording import (
     RecordedRun,
     Recording,
     SyncRecordedAgent,
-    api_keys_from_env,
     provider_base_urls,
     recording,
 )
@@ -36,7 +35,6 @@ __all__ = [
     "Recording",
     "RunMark",
     "SyncRecordedAgent",
-    "api_keys_from_env",
     "failing_tapes",
     "mark_path",
     "mark_tape",

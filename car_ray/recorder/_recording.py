@@ -25,6 +25,7 @@ import structlog
 from .._canon import line_bytes
 from .._imports import import_ref
 from .._usercode import UserCodeError
+from ..providers import api_keys_from_env
 from ..replay import (
     AgentContext,
     BaseUrls,
@@ -56,16 +57,6 @@ def provider_base_urls() -> BaseUrls:
         openai=os.environ.get("OPENAI_BASE_URL") or OPENAI_BASE_URL,
         anthropic=os.environ.get("ANTHROPIC_BASE_URL") or ANTHROPIC_BASE_URL,
     )
-
-
-def api_keys_from_env() -> dict[str, str]:
-    """OPENAI_API_KEY and ANTHROPIC_API_KEY, where set. They reach the provider in the
-    request's headers and never a tape: the seam writes an allowlist of headers only."""
-    keys = {
-        "openai": os.environ.get("OPENAI_API_KEY"),
-        "anthropic": os.environ.get("ANTHROPIC_API_KEY"),
-    }
-    return {k: v for k, v in keys.items() if v}
 
 
 def agent_ref_of(fn: Callable[..., Any]) -> str:
