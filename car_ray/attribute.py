@@ -30,7 +30,14 @@ from rich.table import Table
 
 from . import __version__
 from ._usercode import UserCodeError
-from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
+from .execute import (
+    MemorySink,
+    NoExecutor,
+    RayExecutor,
+    WorkerConfig,
+    cluster_info,
+    init_ray,
+)
 from .job import NOT_IDENTITY, Job
 from .providers import PriceTable
 from .replay import BaseUrls, is_bad
@@ -210,7 +217,13 @@ def worst_fork(job: Job, tape: Tape) -> Cost:
     prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
     budget = _budget(job, tape, None, None)
     scheduler = Scheduler(
-        job, tape, job_id="dry-run", executor=None, sink=None, budget=budget, prices=prices
+        job,
+        tape,
+        job_id="dry-run",
+        executor=NoExecutor(),
+        sink=MemorySink(),
+        budget=budget,
+        prices=prices,
     )
     everything = ForkSpec(
         tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
