@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -397,10 +397,6 @@ def _cost(spend: Spend | None) -> Cost:
     return Cost() if spend is None else Cost(spend.forks, spend.usd, spend.tokens)
 
 
-def _spend(cost: Cost) -> Spend:
-    return Spend(forks=cost.forks, usd=cost.usd, tokens=cost.tokens)
-
-
 def find_job(target: str, out: str = "out") -> str:
     """The output folder `target` names: a folder with a job.json, or a job id (or its
     readable name, or a prefix of either: the newest such job) under `out`."""
@@ -776,15 +772,9 @@ def _iso(epoch_s: float) -> str:
 
 
 def _progress_json(p: Progress) -> ProgressInfo:
-    return ProgressInfo(
-        stage=p.stage,
-        done=p.done,
-        in_flight=p.in_flight,
-        resumed=p.resumed,
-        lost=p.lost,
-        provider_errors=p.provider_errors,
-        spent=_spend(p.spent),
-    )
+    """The progress as job.json keeps it (`ProgressInfo`'s fields of `Progress`)."""
+    fields = ProgressInfo.model_fields
+    return ProgressInfo.model_validate({k: v for k, v in asdict(p).items() if k in fields})
 
 
 def _constant_scorer(job: Job, scheduler: Scheduler, recorded: float) -> str | None:

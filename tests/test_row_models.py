@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,24 @@ import pytest
 from typer.testing import CliRunner
 
 from car_ray.cli import app
-from car_ray.replay import ForkRow, ForkSpec, Int32, Resample
+from car_ray.replay import ForkRow, Int32
 from car_ray.results import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
     ForkRecord,
     ForkSink,
-    JobFileError,
     JobInfo,
+    JobJsonError,
     Ledger,
     SchemaError,
     arrow_schema,
-    fork_record,
     read_attribution,
     write_attribution,
 )
 from car_ray.results._rows import FORK_ROWS, RowShape
 from car_ray.schedule import Budget, BudgetGovernor, Cost
+
+from .test_results import make_row
 
 DATA = Path(__file__).parent / "data" / "main_output"
 JOB = "support_refund-85f9a5398303ec68"
@@ -77,37 +77,7 @@ def test_a_job_resumes_on_fork_rows_an_older_car_ray_wrote(old_output: Path) -> 
     assert len(before) == 43 and before[:40] == old_rows
     assert [r["status"] for r in before[40:]] == ["provider_error"] * 3
 
-    spec = ForkSpec(tape_id=old_rows[0]["tape_id"], interventions={4: Resample()}, seed=99)
-    new = fork_record(
-        ForkRow(
-            task_id=spec.task_id,
-            tape_id=spec.tape_id,
-            status="ok",
-            outcome=0.0,
-            recorded_outcome=1.0,
-            flipped=True,
-            steps_intervened=[4],
-            interventions=["resample"],
-            tail="held",
-            seed=spec.seed,
-            tail_calls=2,
-            retries=0,
-            tokens_in=500,
-            tokens_out=40,
-            cost_usd=0.0001,
-            latency_s=0.02,
-            first_deviation=4,
-            fresh_draws=1,
-        ),
-        {
-            "job_id": JOB,
-            "stage": "shapley",
-            "spec": spec.model_dump_json(),
-            "worker": "w",
-            "attempt": 0,
-            "finished_at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-        },
-    )
+    new = make_row(1) | {"job_id": JOB}  # a fork of this run, as the driver builds it
     with ForkSink(old_output, JOB) as sink:
         assert sink.existing_task_ids() == {r["task_id"] for r in before}
         assert not sink.add(old_rows[7])  # written before: resume never duplicates it
@@ -193,6 +163,47 @@ def test_a_job_json_without_a_version_reads_as_version_1_and_rewrites_byte_for_b
     assert JobInfo.read(old_output, JOB) == info
 
 
+def test_a_job_json_of_the_first_runner_still_reads() -> None:
+    # As the first runner wrote it (6bd246a): epoch times, no open reservations, no code
+    # digests, `ray.embedded`, a three-key progress.
+    caps = {"max_forks": 100, "max_usd": None, "max_tokens": None, "max_wall_s": None}
+    first = {
+        "job_id": "job-1",
+        "status": "budget_exhausted",
+        "request": {"agent": "a:b", "scorer": "a:c"},
+        "tape": {"id": "t" * 64, "path": "job/demo.tape", "steps": 7},
+        "budget": caps,
+        "started": 1763900000.5,
+        "versions": {"car_ray": "0.1.0", "ray": "2.60.0", "pyarrow": "26.0.1"},
+        "ray": {"embedded": True, "address": "127.0.0.1:6379", "nodes": 1, "cpus": 2.0},
+        "workers": [101, 102],
+        "ledger": {
+            "caps": caps,
+            "spent": {"forks": 90, "usd": 0.0, "tokens": 9000},
+            "reserved": {"forks": 10, "usd": 0.0, "tokens": 1000},
+            "remaining": {"forks": 0, "usd": None, "tokens": None, "wall_s": None},
+            "in_flight": 10,
+            "settled": 90,
+            "lost": 0,
+            "elapsed_s": 12.5,
+            "exhausted": "max_forks",
+        },
+        "progress": {"done": 90, "lost": 0, "stage": "race"},
+        "finished": 1763900013.0,
+        "wall_s": 12.5,
+        "lost_forks": 0,
+        "stages": {"screen": {"forks": 90, "wall_s": 10.0}},
+        "recorded_outcome": 1.0,
+    }
+    info = JobInfo.parse(json.dumps(first).encode(), "out/job-1/job.json")
+    assert info.version == 1 and info.started == 1763900000.5 and not info.code
+    assert info.ledger is not None and info.ledger.open is None  # so all reserved is carried
+    assert (
+        info.ray is not None and info.ray.how is None and info.ray.model_extra == {"embedded": True}
+    )
+    assert json.loads(info.to_json()) == {"version": 1, **first}
+
+
 def test_car_ray_show_reads_a_job_an_older_car_ray_wrote(old_output: Path) -> None:
     shown = CliRunner().invoke(app, ["show", str(old_output / JOB), "--json"])
     assert shown.exit_code == 0, shown.output
@@ -205,14 +216,14 @@ def test_a_job_json_from_a_newer_car_ray_is_refused_naming_the_file(old_output: 
     path = old_output / JOB / "job.json"
     data: dict[str, Any] = json.loads(path.read_text("utf-8"))
     path.write_text(json.dumps({"version": 2, **data}), "utf-8")
-    with pytest.raises(JobFileError, match=r"job\.json version 2, written by a newer car-ray"):
+    with pytest.raises(JobJsonError, match=r"job\.json version 2, written by a newer car-ray"):
         JobInfo.read(old_output, JOB)
     shown = CliRunner().invoke(app, ["show", str(old_output / JOB)], env={"COLUMNS": "300"})
     assert shown.exit_code != 0
     assert str(path) in shown.output and "Upgrade car-ray" in shown.output
     # A key of the wrong type is named, with the file.
     path.write_text(json.dumps({**data, "ledger": {"spent": {"forks": "many"}}}), "utf-8")
-    with pytest.raises(JobFileError, match=r"job\.json: key 'ledger\.spent\.forks'"):
+    with pytest.raises(JobJsonError, match=r"job\.json: key 'ledger\.spent\.forks'"):
         JobInfo.read(old_output, JOB)
 
 

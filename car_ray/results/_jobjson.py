@@ -2,9 +2,10 @@
 typed, versioned model (`JobInfo`) that writes and reads the file.
 
 A key is in the file once the run has set it (a job.json written at the start has no
-`finished`); nested records are written whole. A file without `version` is version 1 (what
-car-ray wrote before the field existed); a newer version is refused by name, not misread.
-Unknown keys are kept: a reader never drops what a writer put there."""
+`finished`), at every level: a file read and written again keeps its keys. A file without
+`version` is version 1 (what car-ray wrote before the field existed); a newer version is
+refused by name, not misread. Unknown keys are kept: a reader never drops what a writer put
+there."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ class TapeRef(_Record):
 class RayInfo(_Record):
     """Where the job ran: how the driver got its Ray, the GCS address, live nodes and CPUs."""
 
-    how: str
+    how: str | None = None  # "embedded", "joined" or "already" (older files: `embedded`)
     address: str | None = None
     nodes: int = 0
     cpus: float = 0.0
@@ -106,7 +107,7 @@ class StageTime(_Record):
     wall_s: float = 0.0
 
 
-class JobFileError(ValueError):
+class JobJsonError(ValueError):
     """A job.json this car-ray cannot read; the message names the file and the key."""
 
 
@@ -124,7 +125,8 @@ class JobInfo(_Record):
     code: dict[str, str] = Field(default_factory=dict)
     tape: TapeRef | None = None
     budget: Caps | None = None
-    started: str | None = None  # ISO 8601, UTC
+    # ISO 8601, UTC (seconds since the epoch in files written before issue 11).
+    started: str | float | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     resumed_rows: int = 0
     runs: int = 0
@@ -134,7 +136,7 @@ class JobInfo(_Record):
     progress: ProgressInfo | None = None
     shapley_candidates: list[int] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
-    finished: str | None = None  # ISO 8601, UTC
+    finished: str | float | None = None  # as `started`
     wall_s: float | None = None
     lost_forks: int = 0
     # Forks that ended as provider_error (never scored, each run again).
@@ -146,8 +148,8 @@ class JobInfo(_Record):
     top_cause: dict[str, Any] | None = None
 
     def to_json(self) -> str:
-        """The file's text: the keys set so far (and `version`), pretty, no NaN."""
-        data = self.model_dump(mode="json", include={"version", *self.model_fields_set})
+        """The file's text: the keys set so far (and `version`, first), pretty, no NaN."""
+        data = {"version": self.version, **self.model_dump(mode="json", exclude_unset=True)}
         try:
             return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
         except (TypeError, ValueError) as exc:
@@ -168,7 +170,7 @@ class JobInfo(_Record):
     @classmethod
     def read(cls, out: str | Path, job_id: str) -> JobInfo | None:
         """`<out>/<job_id>/job.json`, or None if the job has not written one; a file this
-        car-ray cannot read is a `JobFileError` naming it."""
+        car-ray cannot read is a `JobJsonError` naming it."""
         job = JobDir.of(out, job_id)
         data = job.read_bytes("job.json")
         return None if data is None else cls.parse(data, job.join("job.json"))
@@ -179,14 +181,14 @@ class JobInfo(_Record):
         try:
             value = json.loads(data)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise JobFileError(f"{where}: not valid JSON ({exc})") from None
+            raise JobJsonError(f"{where}: not valid JSON ({exc})") from None
         if not isinstance(value, dict):
-            raise JobFileError(f"{where}: expected a JSON object, got {type(value).__name__}")
+            raise JobJsonError(f"{where}: expected a JSON object, got {type(value).__name__}")
         version = value.get("version", 1)
         if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise JobFileError(f"{where}: 'version' is {version!r}; expected 1 or more")
+            raise JobJsonError(f"{where}: 'version' is {version!r}; expected 1 or more")
         if version > JOB_JSON_VERSION:
-            raise JobFileError(
+            raise JobJsonError(
                 f"{where}: job.json version {version}, written by a newer car-ray; this one "
                 f"reads up to version {JOB_JSON_VERSION}. Upgrade car-ray to read or resume "
                 "this job"
@@ -198,7 +200,7 @@ class JobInfo(_Record):
             key = ".".join(str(part) for part in first["loc"])
             shown = repr(first.get("input"))
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
-            raise JobFileError(
+            raise JobJsonError(
                 f"{where}: key {key!r}: {first['msg']} (got {shown}); this car-ray cannot "
                 "read this job.json"
             ) from None
