@@ -37,7 +37,8 @@ from rich.table import Table
 
 from car_ray.replay import ForkRow, ForkSpec, Resample
 from car_ray.results import ForkSink, fork_record
-from car_ray.results._parquet import _FORK_ROWS, JobDir, _parquet_bytes
+from car_ray.results._parquet import JobDir, _parquet_bytes
+from car_ray.results._rows import FORK_ROWS
 
 JOB = "bench"
 RATE_PER_S = 100
@@ -85,14 +86,14 @@ class Buffered:
         self.seq = 0
 
     def add(self, row: dict[str, Any]) -> None:
-        self.buffer.append(_FORK_ROWS.normalize(row))
+        self.buffer.append(FORK_ROWS.normalize(row))
         if len(self.buffer) >= 1000:
             self.close()
 
     def close(self) -> None:
         if self.buffer:
             self.seq += 1
-            data = _parquet_bytes(_FORK_ROWS.table(self.buffer))
+            data = _parquet_bytes(FORK_ROWS.table(self.buffer))
             self.job.write_atomic(data, "forks", f"part-{self.seq:06d}-{uuid.uuid4().hex}.parquet")
             self.buffer = []
 
@@ -101,7 +102,7 @@ class SmallParts(Buffered):
     """Every row its own part, on disk when `add` returns."""
 
     def add(self, row: dict[str, Any]) -> None:
-        self.buffer.append(_FORK_ROWS.normalize(row))
+        self.buffer.append(FORK_ROWS.normalize(row))
         self.close()
 
 

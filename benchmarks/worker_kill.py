@@ -44,7 +44,7 @@ from car_ray.attribute import attribute
 from car_ray.execute import init_ray
 from car_ray.job import Job, load_job
 from car_ray.replay import BaseUrls
-from car_ray.results import read_job_json
+from car_ray.results import JobInfo, Spend
 from car_ray.schedule import job_id_of
 from car_ray.sim import SimProcess
 from car_ray.tape import Tape
@@ -80,10 +80,10 @@ def kill_run(
     def killer() -> None:
         # job.json carries the worker pids (from `RayExecutor.worker_pids`) and the progress.
         while not finished.is_set() and not killed:
-            info = read_job_json(str(out), job_id) or {}
-            if info.get("workers") and info.get("progress", {}).get("done", 0) >= kill_after:
-                os.kill(info["workers"][0], signal.SIGKILL)
-                killed.append(info["workers"][0])
+            info = JobInfo.read(str(out), job_id)
+            if info and info.workers and info.progress and info.progress.done >= kill_after:
+                os.kill(info.workers[0], signal.SIGKILL)
+                killed.append(info.workers[0])
             finished.wait(0.05)
 
     thread = threading.Thread(target=killer)
@@ -99,8 +99,8 @@ def kill_run(
     rows: list[dict[str, Any]] = (
         pads.dataset(os.path.join(folder, "forks"), format="parquet").to_table().to_pylist()
     )
-    info = read_job_json(str(out), job_id) or {}
-    spent = info.get("ledger", {}).get("spent", {})
+    info = JobInfo.read(str(out), job_id)
+    spent = info.ledger.spent if info and info.ledger else Spend()
     result = KillRun(
         run=run,
         status=outcome.status,
@@ -110,8 +110,8 @@ def kill_run(
         rerouted_batches=sum(e["event"] == "batch_rerouted" for e in events),
         rows=len(rows),
         unique_rows=len({r["task_id"] for r in rows}),
-        spent_forks=int(spent.get("forks", 0)),
-        charged_usd=float(spent.get("usd", 0.0)),
+        spent_forks=spent.forks,
+        charged_usd=spent.usd,
         real_usd=sum(float(r["cost_usd"]) for r in rows),
         wall_s=wall_s,
     )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import re
 import signal
@@ -16,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,21 +28,34 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
-from .execute import RayExecutor, WorkerConfig, cluster_info, init_ray
+from .execute import (
+    MemorySink,
+    NoExecutor,
+    RayExecutor,
+    WorkerConfig,
+    cluster_info,
+    init_ray,
+)
 from .job import NOT_IDENTITY, Job
 from .providers import PriceTable
 from .replay import BaseUrls, is_bad
 from .results import (
+    Caps,
     ForkSink,
+    JobInfo,
+    Ledger,
     OutputError,
+    ProgressInfo,
+    RayInfo,
+    Spend,
+    StageTime,
+    TapeRef,
     describe_step,
     hold_job,
     read_attribution,
-    read_job_json,
     top_cause,
     verdict,
     write_attribution,
-    write_job_json,
     writing,
 )
 from .schedule import (
@@ -209,7 +221,13 @@ def worst_fork(job: Job, tape: Tape) -> Cost:
     prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
     budget = _budget(job, tape, None, None)
     scheduler = Scheduler(
-        job, tape, job_id="dry-run", executor=None, sink=None, budget=budget, prices=prices
+        job,
+        tape,
+        job_id="dry-run",
+        executor=NoExecutor(),
+        sink=MemorySink(),
+        budget=budget,
+        prices=prices,
     )
     everything = ForkSpec(
         tape_id=tape.tape_id, interventions={k: Resample() for k in range(len(tape.steps))}
@@ -352,31 +370,30 @@ def results_table(outcome: JobOutcome, tape: Tape | None = None) -> Group:
 class SavedOutcome(JobOutcome):
     """A job's outcome read back from its files (nothing ran): `info` is its job.json."""
 
-    info: dict[str, Any] = field(default_factory=dict)
+    info: JobInfo
 
 
 def load_saved(folder: str) -> SavedOutcome:
     """The outcome of the job whose output is `folder` (`<out>/<job_id>`), from its
     job.json and attribution.parquet; `ValueError` naming the folder if it holds no job."""
     out, job_id = os.path.split(os.path.normpath(folder))
-    info = read_job_json(out, job_id)
+    info = JobInfo.read(out, job_id)
     if info is None:
         raise ValueError(f"{folder}: no job.json here (not a car-ray job's output folder)")
     attribution = read_attribution(out, job_id) or []
-    ledger = info.get("ledger", {})
-    spent = ledger.get("spent", {})
+    spent = _cost(info.ledger.spent if info.ledger else None)
     progress = Progress(
         stage="aggregate",
-        resumed=int(spent.get("forks", 0)),
-        lost=int(info.get("lost_forks") or 0),
-        provider_errors=int(info.get("provider_errors") or 0),
-        spent=Cost(
-            int(spent.get("forks", 0)), float(spent.get("usd", 0.0)), int(spent.get("tokens", 0))
-        ),
+        resumed=spent.forks,
+        lost=info.lost_forks,
+        provider_errors=info.provider_errors,
+        spent=spent,
     )
-    return SavedOutcome(
-        job_id, str(info.get("status")), attribution, list(info.get("notes", [])), progress, info
-    )
+    return SavedOutcome(job_id, info.status, attribution, list(info.notes), progress, info)
+
+
+def _cost(spend: Spend | None) -> Cost:
+    return Cost() if spend is None else Cost(spend.forks, spend.usd, spend.tokens)
 
 
 def find_job(target: str, out: str = "out") -> str:
@@ -422,22 +439,23 @@ def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
     for path in sorted(glob.glob(os.path.join(glob.escape(out), "*", "job.json"))):
         if os.path.basename(os.path.dirname(path)) == job_id:
             continue
+        folder = os.path.dirname(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                info = json.load(f)
-            before = {k: v for k, v in info["request"].items() if k not in NOT_IDENTITY}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            info = JobInfo.read(os.path.dirname(folder), os.path.basename(folder))
+        except (OSError, ValueError):
             continue
-        if info.get("tape", {}).get("id") != tape.tape_id or before != request:
+        if info is None or info.tape is None or info.tape.id != tape.tape_id:
             continue
-        old = info.get("code")
+        if {k: v for k, v in info.request.items() if k not in NOT_IDENTITY} != request:
+            continue
+        old = info.code
         if not old:
             continue  # written before job ids covered the code: nothing to compare
         changed = [k for k in code if old.get(k) != code[k]]
         files = job.source_files()
         what = ", ".join(f"the {k} ({files[k]})" for k in changed) or "the code"
         return (
-            f"{what} changed since {os.path.dirname(path)} was run: its forks were scored by "
+            f"{what} changed since {folder} was run: its forks were scored by "
             "the old code, so this is a new job that runs fresh (the old results stay)"
         )
     return None
@@ -472,8 +490,8 @@ def attribute(
     out = out or job.spec.out
     job_id = job_id_of(job, tape)
     folder = os.path.join(out, job_id)
-    previous = read_job_json(out, job_id) or {}
-    if previous.get("status") == "complete" and not more:
+    previous = JobInfo.read(out, job_id)
+    if previous is not None and previous.status == "complete" and not more:
         saved = load_saved(folder)
         spent = saved.progress.spent
         saved.notes.append(
@@ -495,17 +513,18 @@ def attribute(
     return folder, outcome
 
 
-def _carried(ledger: dict[str, Any], existing: list[dict[str, Any]]) -> Cost:
+def _carried(ledger: Ledger | None, existing: list[dict[str, Any]]) -> Cost:
     """What an earlier run had reserved for forks that never left a row (it died with them
     in flight): they may have been spent. Earlier carried amounts stay carried."""
-    carried = Cost(**ledger.get("carried") or {})
-    open_ = ledger.get("open")
-    if open_ is None:  # a job.json from before open reservations were saved: all of them
-        return carried + Cost(**ledger.get("reserved") or {})
+    if ledger is None:
+        return Cost()
+    carried = _cost(ledger.carried)
+    if ledger.open is None:  # a job.json from before open reservations were saved: all of them
+        return carried + _cost(ledger.reserved)
     written = {r["task_id"] for r in existing}
-    for key, cost in open_.items():
+    for key, cost in ledger.open.items():
         if key.rpartition("#")[0] not in written:
-            carried += Cost(**cost)
+            carried += _cost(cost)
     return carried
 
 
@@ -523,18 +542,18 @@ def _run_job(
 ) -> tuple[str, JobOutcome]:
     budget = _budget(job, tape, max_usd, max_forks)
     existing = ForkSink.existing(out, job_id).to_pylist()
-    previous = read_job_json(out, job_id) or {}
-    ledger = previous.get("ledger", {})
-    spent = ledger.get("spent", {})
+    previous = JobInfo.read(out, job_id)
+    ledger = previous.ledger if previous else None
+    spent = _cost(ledger.spent if ledger else None)
     # Rows are the truth for forks that finished; the ledger adds lost attempts.
     already = Cost(
-        max(len(existing), int(spent.get("forks", 0))),
-        max(sum(r["cost_usd"] for r in existing), float(spent.get("usd", 0.0))),
-        max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), int(spent.get("tokens", 0))),
+        max(len(existing), spent.forks),
+        max(sum(r["cost_usd"] for r in existing), spent.usd),
+        max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), spent.tokens),
     )
     carried = _carried(ledger, existing)
     run_job = job
-    if more and previous.get("status") == "complete":
+    if more and previous is not None and previous.status == "complete":
         # As much budget again as the caps allow, for intervals half as wide.
         used = already + carried
         budget = Budget(
@@ -562,23 +581,23 @@ def _run_job(
         )
     prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
     started = time.time()
-    info: dict[str, Any] = {
-        "job_id": job_id,
-        "name": job.name,
-        "status": "running",
-        "request": job.spec.model_dump(mode="json"),
-        "job_file": str(job.path),
-        "code": job.source_digests(),
-        "tape": {"id": tape.tape_id, "path": str(tape.path), "steps": len(tape.steps)},
-        "budget": asdict(budget),
-        "started": _iso(started),
-        "versions": _versions(),
-        "resumed_rows": len(existing),
-        "runs": previous.get("runs", 0) + 1,
-    }
+    info = JobInfo(
+        job_id=job_id,
+        name=job.name,
+        status="running",
+        request=job.spec.model_dump(mode="json"),
+        job_file=str(job.path),
+        code=job.source_digests(),
+        tape=TapeRef(id=tape.tape_id, path=str(tape.path), steps=len(tape.steps)),
+        budget=Caps(**budget.as_dict()),
+        started=_iso(started),
+        versions=_versions(),
+        resumed_rows=len(existing),
+        runs=(previous.runs if previous else 0) + 1,
+    )
     interrupted: list[float] = []
     with live_provider(job) as urls:
-        info["ray"] = cluster_info(init_ray(address))
+        info.ray = RayInfo.model_validate(cluster_info(init_ray(address)))
         settings = job.spec.provider
         executor = RayExecutor(
             WorkerConfig(
@@ -595,24 +614,24 @@ def _run_job(
             per_worker_in_flight=max(1, settings.concurrency // settings.workers),
         )
         executor.add_tape(tape.tape_id, tape.path.read_bytes())
-        info["workers"] = executor.worker_pids()
+        info.workers = executor.worker_pids()
         if ledger:
             # Until this run's ledger is written, the last one stands (with its reserved).
-            info["ledger"] = ledger
-        if previous.get("shapley_candidates"):
-            info["shapley_candidates"] = previous["shapley_candidates"]
-        write_job_json(out, job_id, info)
+            info.ledger = ledger
+        if previous is not None and previous.shapley_candidates:
+            info.shapley_candidates = previous.shapley_candidates
+        info.write(out)
         sink = ForkSink(out, job_id)
         scheduler: Scheduler | None = None
 
         def checkpoint(p: Progress) -> None:
             # job.json follows the ledger at every flush: a killed driver's successor reads it.
             if scheduler is not None:
-                info["ledger"] = scheduler.governor.snapshot()
+                info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
                 if scheduler.candidates:
-                    info["shapley_candidates"] = scheduler.candidates
-                info["progress"] = _progress_json(p)
-                write_job_json(out, job_id, info)
+                    info.shapley_candidates = scheduler.candidates
+                info.progress = _progress_json(p)
+                info.write(out)
 
         def on_interrupt(signum: int, frame: Any) -> None:
             # The first Ctrl-C stops new forks and lets those in flight settle; a second one
@@ -672,8 +691,8 @@ def _run_job(
                     already=existing,
                     already_spent=already,
                     carried=carried,
-                    already_elapsed_s=float(ledger.get("elapsed_s") or 0.0),
-                    candidates=[int(k) for k in previous.get("shapley_candidates", [])],
+                    already_elapsed_s=(ledger.elapsed_s if ledger else None) or 0.0,
+                    candidates=previous.shapley_candidates if previous else [],
                     on_progress=show,
                     on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
                 )
@@ -691,9 +710,9 @@ def _run_job(
             with contextlib.suppress(OutputError):
                 sink.close()
             if scheduler is not None:
-                info["ledger"] = scheduler.governor.snapshot()
-            info.update(status="interrupted", finished=_iso(time.time()))
-            write_job_json(out, job_id, info)
+                info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
+            info.status, info.finished = "interrupted", _iso(time.time())
+            info.write(out)
             done = scheduler.progress.done if scheduler else 0
             raise Interrupted(_interrupted_text(len(existing) + done)) from None
         except BaseException:
@@ -716,26 +735,25 @@ def _run_job(
             f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by forks an "
             "earlier run left in flight: counted against the caps, not shown as spent"
         )
-    info.update(
-        status=outcome.status,
-        notes=outcome.notes,
-        ledger=scheduler.governor.snapshot() if scheduler else {},
-        finished=_iso(time.time()),
-        progress=_progress_json(outcome.progress),
-        wall_s=time.time() - started,
-        lost_forks=outcome.progress.lost,
-        # Forks that ended as provider_error (never scored, each run again), and every row's
-        # status: a job whose forks mostly have no outcome is "failed".
-        provider_errors=outcome.progress.provider_errors,
-        fork_statuses=dict(scheduler.statuses) if scheduler else {},
-        stages=scheduler.stage_times if scheduler else {},
-        shapley_candidates=scheduler.candidates if scheduler else [],
-        recorded_outcome=recorded,
-        verdict=verdict(outcome.attribution, tape, outcome.status),
-        top_cause=top_cause(outcome.attribution, tape),
-    )
+    info.status = outcome.status
+    info.notes = outcome.notes
+    if scheduler is not None:
+        info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
+        info.fork_statuses = dict(scheduler.statuses)
+        info.stages = {k: StageTime.model_validate(v) for k, v in scheduler.stage_times.items()}
+        info.shapley_candidates = scheduler.candidates
+    info.finished = _iso(time.time())
+    info.progress = _progress_json(outcome.progress)
+    info.wall_s = time.time() - started
+    info.lost_forks = outcome.progress.lost
+    # Forks that ended as provider_error (never scored, each run again), and every row's
+    # status (fork_statuses): a job whose forks mostly have no outcome is "failed".
+    info.provider_errors = outcome.progress.provider_errors
+    info.recorded_outcome = recorded
+    info.verdict = verdict(outcome.attribution, tape, outcome.status)
+    info.top_cause = top_cause(outcome.attribution, tape)
     write_attribution(out, job_id, outcome.attribution)
-    write_job_json(out, job_id, info)
+    info.write(out)
     try:
         from .report import write_report
 
@@ -752,16 +770,10 @@ def _iso(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, UTC).isoformat()
 
 
-def _progress_json(p: Progress) -> dict[str, Any]:
-    return {
-        "stage": p.stage,
-        "done": p.done,
-        "in_flight": p.in_flight,
-        "resumed": p.resumed,
-        "lost": p.lost,
-        "provider_errors": p.provider_errors,
-        "spent": asdict(p.spent),
-    }
+def _progress_json(p: Progress) -> ProgressInfo:
+    """The progress as job.json keeps it (`ProgressInfo`'s fields of `Progress`)."""
+    fields = ProgressInfo.model_fields
+    return ProgressInfo.model_validate({k: v for k, v in asdict(p).items() if k in fields})
 
 
 def _constant_scorer(job: Job, scheduler: Scheduler, recorded: float) -> str | None:

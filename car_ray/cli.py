@@ -603,7 +603,7 @@ def show_cmd(
     except ValueError as exc:
         raise _fail(str(exc)) from None
     tape = None
-    path = (outcome.info.get("tape") or {}).get("path")
+    path = outcome.info.tape.path if outcome.info.tape else None
     if path:
         # The verdict names what happened at the step when the tape is still there.
         with contextlib.suppress(TapeError, OSError):

@@ -18,7 +18,7 @@ import pytest
 
 from car_ray.attribute import attribute
 from car_ray.job import Job, load_job
-from car_ray.results import ForkSink, read_job_json, write_job_json
+from car_ray.results import ForkSink, JobInfo
 from car_ray.schedule import job_id_of
 from car_ray.tape import Tape
 
@@ -38,6 +38,12 @@ def _job(tmp_path: Path, tape: Tape, **overrides: Any) -> Job:
     return Job(job.path, spec)
 
 
+def read_job_json(out: Path, job_id: str) -> dict[str, Any] | None:
+    """The job's job.json as a user reads it (None before the job wrote one)."""
+    path = out / job_id / "job.json"
+    return json.loads(path.read_text("utf-8")) if path.exists() else None
+
+
 def test_the_demo_finds_the_injection_and_writes_readable_results(
     tmp_path: Path, support_tape: Tape
 ) -> None:
@@ -54,7 +60,7 @@ def test_the_demo_finds_the_injection_and_writes_readable_results(
     rows = _rows(folder)
     ids = [r["task_id"] for r in rows]
     assert len(ids) == len(set(ids)) == outcome.progress.done
-    info = read_job_json(str(tmp_path), outcome.job_id)
+    info = read_job_json(tmp_path, outcome.job_id)
     assert info is not None and info["status"] == outcome.status
     assert info["ledger"]["spent"]["forks"] == len(rows)
     assert info["ledger"]["spent"]["forks"] <= 3000
@@ -80,12 +86,13 @@ def test_a_restarted_job_keeps_the_shapley_candidates_in_its_job_json(
     job = _job(tmp_path, support_tape, method="shapley")
     # As a first run killed before its first Shapley fork left it: the candidates it chose
     # (steps the demo's flip-rates would not pick) and no Shapley row.
-    write_job_json(tmp_path, job_id_of(job, support_tape), {"shapley_candidates": [0, 6]})
+    job_id = job_id_of(job, support_tape)
+    JobInfo(job_id=job_id, status="running", shapley_candidates=[0, 6]).write(tmp_path)
     _, outcome = attribute(job, tape=support_tape, out=str(tmp_path), max_forks=300)
     measured = {r["step"] for r in outcome.attribution if r["phi"] is not None}
     assert {0, 6} <= measured, outcome.attribution
     assert any("before it was restarted ([0, 6])" in note for note in outcome.notes)
-    info = read_job_json(str(tmp_path), outcome.job_id)
+    info = read_job_json(tmp_path, outcome.job_id)
     assert info is not None and info["shapley_candidates"] == sorted(measured)
 
 
@@ -99,7 +106,7 @@ def test_caps_hold(tmp_path: Path, support_tape: Tape, cap: str, value: float) -
         **{cap: value},  # type: ignore[arg-type]
     )
     rows = _rows(folder)
-    info = read_job_json(str(tmp_path), outcome.job_id)
+    info = read_job_json(tmp_path, outcome.job_id)
     assert info is not None
     spent = info["ledger"]["spent"]
     assert outcome.status == "budget_exhausted"
@@ -128,7 +135,7 @@ def test_a_worker_killed_mid_job_costs_time_only(tmp_path: Path, support_tape: T
 
     def killer() -> None:
         while not finished.is_set() and not killed:
-            info = read_job_json(str(tmp_path), job_id) or {}
+            info = read_job_json(tmp_path, job_id) or {}
             if info.get("workers") and info.get("progress", {}).get("done", 0) >= 150:
                 os.kill(info["workers"][0], signal.SIGKILL)
                 killed.append(info["workers"][0])
@@ -147,7 +154,7 @@ def test_a_worker_killed_mid_job_costs_time_only(tmp_path: Path, support_tape: T
     assert len(ids) == len(set(ids)), "a fork was written twice"
     assert outcome.progress.lost > 0, "the kill should have lost forks in flight"
     assert {r["status"] for r in rows} <= {"ok", "blocked_effect"}
-    info = read_job_json(str(tmp_path), job_id)
+    info = read_job_json(tmp_path, job_id)
     assert info is not None
     # The lost attempts are counted as spent: the cap holds with them.
     assert info["ledger"]["spent"]["forks"] <= 700

@@ -26,7 +26,7 @@ from car_ray.replay import (
     RetryPolicy,
 )
 from car_ray.replay._interventions import ForcedToolCall
-from car_ray.results import read_job_json
+from car_ray.results import JobInfo
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 
@@ -125,13 +125,14 @@ def test_at_30pct_429_and_10pct_5xx_the_answer_is_the_clean_one(
     assert all(r["outcome"] is None and r["flipped"] is None for r in failed)
     assert {r["provider_status"] for r in failed} <= {429, 500, 503, None}
     assert all(r["provider_status"] is None for r in rows if r["status"] != "provider_error")
-    info = read_job_json(str(tmp_path / "f"), faulty.job_id)
-    assert info is not None
-    assert info["provider_errors"] == len(failed) == faulty.progress.provider_errors
-    assert info["fork_statuses"]["provider_error"] == len(failed)
+    info = JobInfo.read(str(tmp_path / "f"), faulty.job_id)
+    assert info is not None and info.ledger is not None and info.ledger.caps is not None
+    assert info.provider_errors == len(failed) == faulty.progress.provider_errors
+    assert info.fork_statuses["provider_error"] == len(failed)
     # Caps: the default auto cap of 10 forks a step, every provider failure counted in it.
-    caps = info["ledger"]["caps"]
-    assert info["ledger"]["spent"]["forks"] == len(rows) <= caps["max_forks"]
+    caps = info.ledger.caps
+    assert caps.max_forks is not None
+    assert info.ledger.spent.forks == len(rows) <= caps.max_forks
 
     def by_step(outcome: Any) -> dict[int, dict[str, Any]]:
         return {

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from car_ray.attribute import results_table
 from car_ray.cli import app
 from car_ray.report import render_report
-from car_ray.results import verdict
+from car_ray.results import JobInfo, verdict
 from car_ray.schedule import JobOutcome, Progress
 from car_ray.tape import Tape
 
@@ -85,7 +85,9 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
         no_blame, support_tape
     )
     # The report opens with the same line (HTML-escaped), above the charts.
-    page = render_report(tape=support_tape, attribution=_rows(), job={"job_id": "j"})
+    page = render_report(
+        tape=support_tape, attribution=_rows(), job=JobInfo(job_id="j", status="complete")
+    )
     shown = page.index("fix step 4, where the model called issue_refund(order_id=&quot;A1001&quot;")
     assert shown < page.index('id="charts"')
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from car_ray.cli import app
 from car_ray.job import Job
 from car_ray.report import render_report
+from car_ray.results import JobInfo
 from car_ray.schedule import Budget
 from car_ray.tape import Tape
 from car_ray.truth import run_local
@@ -127,7 +128,7 @@ def test_the_older_methods_rank_only_measured_arms(support_job: Job, support_tap
     page = render_report(
         tape=support_tape,
         attribution=outcome.attribution,
-        job={"job_id": "x", "status": outcome.status},
+        job=JobInfo(job_id="x", status=outcome.status),
     )
     assert "top cause" not in page
 

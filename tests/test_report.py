@@ -18,6 +18,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request, 
 from car_ray._canon import digest_of, sha256_hex
 from car_ray.providers import OPENAI, Action, ToolCall, Usage
 from car_ray.report import render_report, write_report
+from car_ray.results import JobInfo
 from car_ray.tape import LlmEvent, Tape, TapeHeader, TapeWriter, load_tape
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -152,14 +153,18 @@ def _attribution(tape: Tape) -> list[dict[str, Any]]:
     return rows
 
 
-JOB = {
-    "job_id": "job-<i>7</i>",
-    "status": "budget_exhausted",
-    "spend": {"forks": 200, "usd": 0.0412},
-    "budget": {"max_forks": 200, "max_usd": 0.5},
-    "recorded_outcome": 1.0,
-    "note": XSS_TOOL,
-}
+JOB = JobInfo.model_validate(
+    {
+        "job_id": "job-<i>7</i>",
+        "status": "budget_exhausted",
+        "ledger": {"spent": {"forks": 200, "usd": 0.0412}},
+        "budget": {"max_forks": 200, "max_usd": 0.5},
+        "recorded_outcome": 1.0,
+        "note": XSS_TOOL,
+    }
+)
+
+NO_JOB = JobInfo(job_id="j", status="running")  # a job.json with nothing else in it
 
 # -- the page as text ----------------------------------------------------------------------------
 
@@ -181,14 +186,14 @@ def test_unmeasured_values_show_as_dashes_and_no_attribution_draws_no_chart(
     xss_tape: Tape,
 ) -> None:
     rows = _attribution(xss_tape)
-    page = render_report(tape=xss_tape, attribution=rows, job={})
+    page = render_report(tape=xss_tape, attribution=rows, job=NO_JOB)
     ranking = page[page.index('<section id="ranking">') : page.index('<section id="timeline">')]
     assert "nan" not in ranking.lower()
     (step_3,) = [r for r in ranking.split("</tr>") if 'href="#step-3"' in r and "resample" in r]
     assert step_3.count("—") == 3  # rank, flip-rate and sufficiency were not measured
     (step_2,) = [r for r in ranking.split("</tr>") if 'href="#step-2"' in r]
     assert step_2.count("—") == 2  # φ is NaN: not measured, like sufficiency
-    empty = render_report(tape=xss_tape, attribution=[], job={})
+    empty = render_report(tape=xss_tape, attribution=[], job=NO_JOB)
     assert "Plotly.newPlot(" not in empty
     assert "not measured in this job" in empty
     assert empty.count('<details class="step"') == len(xss_tape.steps)
@@ -369,14 +374,16 @@ def test_a_recorded_run_reads_with_and_without_javascript(
          "phi_lo": 0.0, "phi_hi": 0.2, "phi_se": 0.05, "rank": e.step + 1}
         for e in steps
     ]  # fmt: skip
-    job = {  # shaped like the runner's job.json
-        "job_id": "support",
-        "status": "complete",
-        "notes": ["the negative control reproduced the recorded outcome"],
-        "budget": {"max_forks": 200, "max_usd": None, "max_tokens": None, "max_wall_s": None},
-        "ledger": {"spent": {"forks": 180, "usd": 0.0, "tokens": 5000}},
-        "wall_s": 12.5,
-    }
+    job = JobInfo.model_validate(
+        {
+            "job_id": "support",
+            "status": "complete",
+            "notes": ["the negative control reproduced the recorded outcome"],
+            "budget": {"max_forks": 200, "max_usd": None, "max_tokens": None, "max_wall_s": None},
+            "ledger": {"spent": {"forks": 180, "usd": 0.0, "tokens": 5000}},
+            "wall_s": 12.5,
+        }
+    )
     path = write_report(tmp_path / "report.html", tape=support_tape, attribution=rows, job=job)
 
     watched = _open(browser, path, fragment="#step-3")

@@ -30,13 +30,12 @@ from car_ray.results import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
     ForkSink,
+    JobInfo,
     OutputError,
     SchemaError,
     _parquet,
     fork_record,
-    read_job_json,
     write_attribution,
-    write_job_json,
 )
 
 JOB = "job-1"
@@ -332,18 +331,21 @@ def test_an_attribution_row_with_a_bad_kind_names_the_field(tmp_path: Path) -> N
 
 
 def test_job_json_round_trips(tmp_path: Path) -> None:
-    assert read_job_json(tmp_path, JOB) is None
-    data = {"status": "running", "spend": {"usd": 0.25, "forks": 40}, "note": "étape ✓"}
-    path = write_job_json(tmp_path, JOB, data)
-    assert read_job_json(tmp_path, JOB) == data
-    assert json.loads(Path(path).read_text("utf-8")) == data
-    assert Path(path).read_text("utf-8").startswith('{\n  "status"')  # pretty, for people
+    assert JobInfo.read(tmp_path, JOB) is None
+    info = JobInfo(job_id=JOB, status="running", notes=["étape ✓"], wall_s=0.25)
+    path = info.write(tmp_path)
+    assert JobInfo.read(tmp_path, JOB) == info
+    data = {"version": 1, "job_id": JOB, "status": "running", "notes": ["étape ✓"], "wall_s": 0.25}
+    assert json.loads(Path(path).read_text("utf-8")) == data  # only the keys that were set
+    assert Path(path).read_text("utf-8").startswith('{\n  "version": 1')  # pretty, for people
 
-    write_job_json(tmp_path, JOB, data | {"status": "done"})
-    assert read_job_json(tmp_path, JOB) == data | {"status": "done"}
+    info.status = "done"
+    info.write(tmp_path)
+    assert JobInfo.read(tmp_path, JOB) == info
     assert sorted(p.name for p in (tmp_path / JOB).iterdir()) == ["job.json"]
+    info.wall_s = float("nan")
     with pytest.raises(ValueError, match=r"job\.json"):
-        write_job_json(tmp_path, JOB, {"spend": float("nan")})
+        info.write(tmp_path)
 
 
 def test_a_bad_job_id_is_refused_before_anything_is_written(tmp_path: Path) -> None:
@@ -372,8 +374,8 @@ def test_any_pyarrow_filesystem_uri_holds_the_same_output(
     assert ForkSink.existing(out, JOB).to_pylist() == [make_row(i) for i in range(5)]
 
     write_attribution(out, JOB, attribution_rows())
-    write_job_json(out, JOB, {"status": "done"})
-    assert read_job_json(out, JOB) == {"status": "done"}
+    JobInfo(job_id=JOB, status="done").write(out)
+    assert JobInfo.read(out, JOB) == JobInfo(job_id=JOB, status="done")
     with memory.open_input_file(f"bucket/runs/{JOB}/attribution.parquet") as f:
         assert len(pq.read_table(f)) == 2
 

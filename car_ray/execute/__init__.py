@@ -1,14 +1,14 @@
-"""Executing forks at scale: Ray actors fed in batches under a bounded window."""
+"""Executing forks: the `Executor` protocol, Ray actors fed in batches under a bounded window
+(`RayExecutor`), and the same in this process (`LocalExecutor`)."""
 
 from __future__ import annotations
 
 from ._health import NoWorkers
-from ._local import LocalExecutor
+from ._local import LocalExecutor, MemorySink, NoExecutor
+from ._protocol import BatchLost, Executor, Item, Row, RowSink, Verified, run_item
 from ._ray import (
-    BatchLost,
     ClusterUnreachable,
     ForkWorker,
-    Item,
     RayExecutor,
     WorkerConfig,
     cluster_info,
@@ -18,12 +18,19 @@ from ._ray import (
 __all__ = [
     "BatchLost",
     "ClusterUnreachable",
+    "Executor",
     "ForkWorker",
     "Item",
     "LocalExecutor",
+    "MemorySink",
+    "NoExecutor",
     "NoWorkers",
     "RayExecutor",
+    "Row",
+    "RowSink",
+    "Verified",
     "WorkerConfig",
     "cluster_info",
     "init_ray",
+    "run_item",
 ]

@@ -1,15 +1,16 @@
-"""An executor in this process: the same submit / wait / verify as the Ray executor, forks
-run on one private event loop. For tests and benchmarks that measure statistics, not
-throughput (no worker can die here, so nothing is ever a `BatchLost`)."""
+"""An executor and a sink in this process: `LocalExecutor` has the same submit / wait / verify
+as the Ray executor, forks run on one private event loop, for tests and benchmarks that
+measure statistics, not throughput (no worker can die here, so nothing is ever a
+`BatchLost`); `MemorySink` keeps rows in a list; `NoExecutor` is for a scheduler that only
+estimates (a dry run)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from ..replay import DivergenceError, ForkRunner
-from ._ray import BatchLost, Item
+from ._protocol import BatchLost, Item, Row, Verified, run_item
 
 
 class LocalExecutor:
@@ -23,7 +24,7 @@ class LocalExecutor:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def verify(self, tape_id: str) -> dict[str, Any]:
+    def verify(self, tape_id: str) -> Verified:
         try:
             self.loop.run_until_complete(self.runner.replay(tape_id))
         except DivergenceError as exc:
@@ -33,29 +34,53 @@ class LocalExecutor:
     def submit(self, items: Sequence[Item]) -> None:
         self._pending.extend(items)
 
-    def wait(self, timeout_s: float = 0.5) -> Iterable[list[dict[str, Any]] | BatchLost]:
+    def wait(self, timeout_s: float = 0.5) -> Iterable[list[Row] | BatchLost]:
         if not self._pending:
             return []
         batch, self._pending = self._pending, []
         return [self.loop.run_until_complete(self._run(batch))]
 
-    async def _run(self, batch: list[Item]) -> list[dict[str, Any]]:
-        async def one(item: Item) -> dict[str, Any]:
-            try:
-                row = await self.runner.run(item.spec, item.limit)
-            except Exception as exc:
-                row = self.runner.error_row(item.spec, f"{type(exc).__name__}: {exc}")
-            return {
-                **row.model_dump(),
-                "stage": item.stage,
-                "spec": item.spec.model_dump_json(),
-                "worker": self.name,
-                "attempt": item.attempt,
-            }
-
-        return list(await asyncio.gather(*(one(i) for i in batch)))
+    async def _run(self, batch: list[Item]) -> list[Row]:
+        return list(await asyncio.gather(*(run_item(self.runner, i, self.name) for i in batch)))
 
     def shutdown(self) -> None:
         self.loop.run_until_complete(self.runner.aclose())
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
+
+
+class NoExecutor:
+    """An executor for a scheduler that only plans and estimates (`--dry-run`): it runs
+    nothing, and a fork handed to it is a bug."""
+
+    in_flight = 0
+
+    def verify(self, tape_id: str) -> Verified:
+        raise RuntimeError("this scheduler only estimates: it has no executor to replay on")
+
+    def submit(self, items: Sequence[Item]) -> None:
+        raise RuntimeError("this scheduler only estimates: it has no executor to run forks")
+
+    def wait(self, timeout_s: float = 0.5) -> Iterable[list[Row] | BatchLost]:
+        return []
+
+
+class MemorySink:
+    """Keeps rows in a list; refuses a task id it already holds (as the Parquet sink does)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+        self._ids: set[str] = set()
+
+    def add(self, row: Row) -> bool:
+        if row["task_id"] in self._ids:
+            return False
+        self._ids.add(row["task_id"])
+        self.rows.append(row)
+        return True
+
+    def maybe_flush(self) -> None:
+        return None
+
+    def flush(self) -> None:
+        return None

@@ -15,7 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,6 +38,7 @@ from ..replay import (
 )
 from ..tape import parse_tape
 from ._health import NoWorkers, WorkerHealth, never_sent
+from ._protocol import BatchLost, Item, Row, Verified, run_item
 
 log = structlog.get_logger("car_ray.execute")
 
@@ -55,16 +56,6 @@ class WorkerConfig:
     tokens_per_minute: float | None = None
     max_threads: int = 128
     max_attempts: int = 6  # of a call the provider fails (RetryPolicy)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One fork to run: the spec and its hard spend ceiling (its budget reservation)."""
-
-    spec: ForkSpec
-    stage: str
-    attempt: int = 0
-    limit: SpendLimit = field(default_factory=SpendLimit)
 
 
 class ForkWorker:
@@ -126,35 +117,19 @@ class ForkWorker:
 
     async def run_batch(
         self, tapes: dict[str, Any], items: list[tuple[str, str, int, str]]
-    ) -> list[dict[str, Any]]:
+    ) -> list[Row]:
         """Run forks concurrently; each row comes back with the worker's name and timing."""
         await self._ensure(tapes)
 
-        async def one(spec_json: str, stage: str, attempt: int, limit_json: str) -> dict[str, Any]:
+        def item(spec_json: str, stage: str, attempt: int, limit_json: str) -> Item:
             spec = ForkSpec.model_validate_json(spec_json)
-            try:
-                row = await self.runner.run(spec, SpendLimit.model_validate_json(limit_json))
-            except Exception as exc:
-                # One bad fork is an error row, not a lost batch (its neighbours finished).
-                row = self.runner.error_row(spec, f"{type(exc).__name__}: {exc}")
-            return {
-                **row.model_dump(),
-                "stage": stage,
-                "spec": spec_json,
-                "worker": self.name,
-                "attempt": attempt,
-            }
+            return Item(spec, stage, attempt, SpendLimit.model_validate_json(limit_json))
 
-        return list(await asyncio.gather(*(one(*item) for item in items)))
-
-
-class BatchLost(Exception):
-    """A batch whose worker died before answering: none of its rows are known."""
-
-    def __init__(self, items: list[Item], cause: BaseException) -> None:
-        self.items = items
-        self.cause = cause
-        super().__init__(f"{len(items)} forks lost with their worker: {cause!r}")
+        return list(
+            await asyncio.gather(
+                *(run_item(self.runner, item(*fork), self.name, fork[0]) for fork in items)
+            )
+        )
 
 
 class ClusterUnreachable(ValueError):
@@ -330,11 +305,13 @@ class RayExecutor:
     def add_tape(self, tape_id: str, raw: bytes) -> None:
         self._tapes[tape_id] = ray.put(raw)
 
-    def verify(self, tape_id: str) -> dict[str, Any]:
+    def verify(self, tape_id: str) -> Verified:
         result: dict[str, Any] = ray.get(self.workers[0].verify.remote(self._tapes, tape_id))
         if "user_code_error" in result:
             raise UserCodeError(**result["user_code_error"])
-        return result
+        if result["ok"]:
+            return {"ok": True, "recorded_outcome": result["recorded_outcome"]}
+        return {"ok": False, "divergence": result["divergence"]}
 
     def worker_pids(self) -> list[int]:
         return [int(p) for p in ray.get([w.pid.remote() for w in self.workers])]
@@ -376,7 +353,7 @@ class RayExecutor:
             ref = self.workers[index].run_batch.remote(self._tapes, payload)
             self._pending[ref] = (index, batch)
 
-    def wait(self, timeout_s: float = 0.5) -> Iterable[list[dict[str, Any]] | BatchLost]:
+    def wait(self, timeout_s: float = 0.5) -> Iterable[list[Row] | BatchLost]:
         """Finished batches: their rows, or `BatchLost` for a batch whose worker died while it
         may have been running. A batch that Ray never sent (its worker was restarting) goes
         to a live worker instead, unseen: nothing of it ran."""
@@ -397,7 +374,7 @@ class RayExecutor:
                 timeout=0,
             )
             ready = ready + more
-        out: list[list[dict[str, Any]] | BatchLost] = []
+        out: list[list[Row] | BatchLost] = []
         # Batches first: their rows are paid for and must reach the caller even when a ping
         # below finds the last worker dead (NoWorkers is then raised at the next wait).
         for ref in [r for r in ready if r in self._pending] + [

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import structlog
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -73,8 +73,20 @@ class ForkSpec(BaseModel):
         return digest_of(self.model_dump(mode="json"))[:32]
 
 
+@dataclass(frozen=True)
+class IntBits:
+    """An integer field's width in the row tables (`Int32`: an Arrow int32 column; a plain
+    `int` is int64)."""
+
+    bits: int
+
+
+Int32 = Annotated[int, IntBits(32)]
+
+
 class ForkRow(BaseModel):
-    """One fork's result: what happened, what it cost, and whether the outcome flipped."""
+    """One fork's result: what happened, what it cost, and whether the outcome flipped. The
+    fork row tables (`car_ray.results.ForkRecord`, the Parquet schema) derive from it."""
 
     task_id: str
     tape_id: str
@@ -82,7 +94,7 @@ class ForkRow(BaseModel):
     outcome: float | None
     recorded_outcome: float
     flipped: bool | None
-    steps_intervened: list[int]
+    steps_intervened: list[Int32]
     interventions: list[str]
     tail: Tail
     seed: int
@@ -97,10 +109,10 @@ class ForkRow(BaseModel):
     error: str | None = None
     # The first step where the fork did something other than the tape (None: it reproduced
     # the tape), and how many of its calls drew fresh randomness.
-    first_deviation: int | None = None
+    first_deviation: Int32 | None = None
     fresh_draws: int = 0
     # A provider_error's final HTTP status (None: a timeout or a broken connection).
-    provider_status: int | None = None
+    provider_status: Int32 | None = None
 
 
 @dataclass

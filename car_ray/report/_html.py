@@ -19,7 +19,7 @@ from typing import Any
 import plotly.io as pio  # type: ignore[import-untyped]
 
 from ..providers import codec_for
-from ..results import verdict
+from ..results import JobInfo, verdict
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -55,9 +55,7 @@ _BOUNDS_PREFIX = {
 }
 
 
-def write_report(
-    path: Path, *, tape: Tape, attribution: Sequence[Row], job: Mapping[str, Any]
-) -> Path:
+def write_report(path: Path, *, tape: Tape, attribution: Sequence[Row], job: JobInfo) -> Path:
     """Write the report page to `path` (via a temporary name, then renamed) and return it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,17 +66,16 @@ def write_report(
     return path
 
 
-def render_report(*, tape: Tape, attribution: Sequence[Row], job: Mapping[str, Any]) -> str:
+def render_report(*, tape: Tape, attribution: Sequence[Row], job: JobInfo) -> str:
     """The report page as one HTML string.
 
-    `job` keys read (as in job.json): `job_id`, `status`, `notes`, `budget` ({max_forks, max_usd,
-    max_tokens, max_wall_s}), the spend in `spend` or else `ledger.spent` ({forks, usd, tokens})
-    with `wall_s`, and `recorded_outcome` (the scorer's value on the tape; else the agent's
-    recorded result is shown). The whole mapping is shown as JSON too.
+    From `job` (job.json): `job_id`, `status`, `notes`, `budget`, the spend in
+    `ledger.spent` with `wall_s`, and `recorded_outcome` (the scorer's value on the tape;
+    else the agent's recorded result is shown). The whole of it is shown as JSON too.
     `attribution` rows: one per step and intervention kind (flip-rate, φ, necessity,
     sufficiency with bounds and counts, rank); a value that is None or NaN was not measured.
     """
-    job_id = _text(job.get("job_id", job.get("id")))
+    job_id = _text(job.job_id)
     labels = _step_labels(tape, attribution)
     body = "\n".join(
         [
@@ -139,21 +136,21 @@ def _pre(text: str, cls: str = "json") -> str:
 # -- header -------------------------------------------------------------------------------------
 
 
-def _header(tape: Tape, job: Mapping[str, Any], attribution: Sequence[Row]) -> str:
-    status = _text(job.get("status"))
+def _header(tape: Tape, job: JobInfo, attribution: Sequence[Row]) -> str:
+    status = _text(job.status)
     status_class = {"complete": "ok", "budget_exhausted": "warn"}.get(status, "other")
     facts = [
-        ("job", f"<code>{_e(_text(job.get('job_id', job.get('id'))))}</code>"),
+        ("job", f"<code>{_e(_text(job.job_id))}</code>"),
         ("tape", f"<code>{_e(tape.tape_id)}</code>" + ("" if tape.sealed else " (incomplete)")),
         ("agent", f"<code>{_e(tape.header.agent)}</code>"),
         ("recorded", _e(tape.header.created)),
         ("steps", _e(len(tape.steps))),
         ("recorded outcome", _e(_recorded_outcome(tape, job))),
     ]
-    spend = _mapping(job.get("spend")) or _mapping(_mapping(job.get("ledger")).get("spent"))
-    budget = _mapping(job.get("budget"))
+    spend = {"wall_s": job.wall_s, **(job.ledger.spent.model_dump() if job.ledger else {})}
+    budget = job.budget.model_dump() if job.budget else {}
     for key, name, form in _BUDGET_LINES:
-        spent = _num(spend.get(key, job.get(key) if key == "wall_s" else None))
+        spent = _num(spend.get(key))
         cap = _num(budget.get(f"max_{key}"))
         if spent is None and cap is None:
             continue
@@ -161,12 +158,11 @@ def _header(tape: Tape, job: Mapping[str, Any], attribution: Sequence[Row]) -> s
         shown += " of " + ("no cap" if cap is None else form.format(cap))
         facts.append((f"spent: {name}", _e(shown)))
     rows = "".join(f"<dt>{_e(name)}</dt><dd>{value}</dd>" for name, value in facts)
-    job_notes = job.get("notes")
-    notes = [*tape.notes, *(job_notes if isinstance(job_notes, list) else [])]
+    notes = [*tape.notes, *job.notes]
     notes_html = "".join(f'<p class="note">{_e(note)}</p>' for note in notes)
     result = _seal_result(tape)
     # The same line the command line ends with, from the rows and the tape.
-    line = verdict(attribution, tape, str(job.get("status")))
+    line = verdict(attribution, tape, job.status)
     verdict_html = f'<p class="verdict">{_e(line)}</p>' if attribution else ""
     return f"""<header>
 <h1>car-ray report <span class="status {status_class}">{_e(status)}</span></h1>
@@ -176,12 +172,12 @@ def _header(tape: Tape, job: Mapping[str, Any], attribution: Sequence[Row]) -> s
 <h4>input</h4>{_pre(_pretty(tape.header.input))}
 <h4>result</h4>{result}
 </details>
-<details><summary>job (as recorded in job.json)</summary>{_pre(_pretty(dict(job)))}</details>
+<details><summary>job (as recorded in job.json)</summary>{_pre(job.to_json())}</details>
 </header>"""
 
 
-def _recorded_outcome(tape: Tape, job: Mapping[str, Any]) -> str:
-    score = _num(job.get("recorded_outcome"))
+def _recorded_outcome(tape: Tape, job: JobInfo) -> str:
+    score = _num(job.recorded_outcome)
     if score is not None:
         return f"{score:.3f} (scorer; 1 = the bad outcome)"
     if tape.seal is None:
@@ -191,10 +187,6 @@ def _recorded_outcome(tape: Tape, job: Mapping[str, Any]) -> str:
     return _one_line(
         "agent returned " + json.dumps(tape.seal.result, ensure_ascii=False, default=str)
     )
-
-
-def _mapping(value: object) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _seal_result(tape: Tape) -> str:

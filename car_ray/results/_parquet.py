@@ -1,21 +1,20 @@
-"""Fork rows and attribution tables as Parquet, one explicit schema each, written atomically."""
+"""Fork rows and attribution tables as Parquet, one explicit schema each (derived from the row
+models in `_rows`), written atomically."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, get_args
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
@@ -23,93 +22,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import structlog
 
-from ..replay import ForkRow
+from ._rows import ATTRIBUTION_ROWS, FORK_ROWS, FORK_SCHEMA, SchemaError
 
 log = structlog.get_logger("car_ray.results")
-
-Stage = Literal["verify", "controls", "screen", "race", "shapley", "arms", "uniform"]
-StepKind = Literal["llm", "tool"]
-
-FORK_SCHEMA = pa.schema(
-    [
-        # The fork itself (`ForkRow`, in its field order).
-        pa.field("task_id", pa.string(), nullable=False),
-        pa.field("tape_id", pa.string(), nullable=False),
-        pa.field("status", pa.string(), nullable=False),
-        pa.field("outcome", pa.float64()),
-        pa.field("recorded_outcome", pa.float64(), nullable=False),
-        pa.field("flipped", pa.bool_()),
-        pa.field("steps_intervened", pa.list_(pa.int32()), nullable=False),
-        pa.field("interventions", pa.list_(pa.string()), nullable=False),
-        pa.field("tail", pa.string(), nullable=False),
-        pa.field("seed", pa.int64(), nullable=False),
-        pa.field("tail_calls", pa.int64(), nullable=False),
-        pa.field("retries", pa.int64(), nullable=False),
-        pa.field("tokens_in", pa.int64(), nullable=False),
-        pa.field("tokens_out", pa.int64(), nullable=False),
-        pa.field("cost_usd", pa.float64(), nullable=False),
-        pa.field("latency_s", pa.float64(), nullable=False),
-        pa.field("divergence", pa.string()),
-        pa.field("blocked_effect", pa.string()),
-        pa.field("error", pa.string()),
-        pa.field("first_deviation", pa.int32()),
-        pa.field("fresh_draws", pa.int64(), nullable=False),
-        pa.field("provider_status", pa.int32()),
-        # Where and how the job ran it.
-        pa.field("job_id", pa.string(), nullable=False),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("spec", pa.string(), nullable=False),
-        pa.field("worker", pa.string()),
-        pa.field("attempt", pa.int32(), nullable=False),
-        pa.field("finished_at", pa.timestamp("us", tz="UTC"), nullable=False),
-    ]
-)
-
-ATTRIBUTION_SCHEMA = pa.schema(
-    [
-        pa.field("job_id", pa.string()),
-        pa.field("step", pa.int32(), nullable=False),
-        # The step's kind (llm or tool); `intervention` is what the forks did to it.
-        pa.field("step_kind", pa.string(), nullable=False),
-        pa.field("label", pa.string(), nullable=False),
-        pa.field("intervention", pa.string(), nullable=False),
-        pa.field("flip_rate", pa.float64()),
-        pa.field("flip_lo", pa.float64()),
-        pa.field("flip_hi", pa.float64()),
-        pa.field("flip_n", pa.int64(), nullable=False),
-        pa.field("phi", pa.float64()),
-        pa.field("phi_lo", pa.float64()),
-        pa.field("phi_hi", pa.float64()),
-        pa.field("phi_se", pa.float64()),
-        pa.field("necessity", pa.float64()),
-        pa.field("necessity_lo", pa.float64()),
-        pa.field("necessity_hi", pa.float64()),
-        pa.field("necessity_n", pa.int64(), nullable=False),
-        pa.field("sufficiency", pa.float64()),
-        pa.field("sufficiency_lo", pa.float64()),
-        pa.field("sufficiency_hi", pa.float64()),
-        pa.field("sufficiency_n", pa.int64(), nullable=False),
-        pa.field("rank", pa.int32()),
-        # The level every interval of the row is at (the job's `confidence`).
-        pa.field("confidence", pa.float64()),
-    ]
-)
-
-
-def _literal_values(model_field: str) -> frozenset[str]:
-    return frozenset(get_args(ForkRow.model_fields[model_field].annotation))
-
-
-_FORK_VALUES: dict[str, frozenset[str]] = {
-    "status": _literal_values("status"),
-    "tail": _literal_values("tail"),
-    "stage": frozenset(get_args(Stage)),
-}
-_ATTRIBUTION_VALUES: dict[str, frozenset[str]] = {"step_kind": frozenset(get_args(StepKind))}
-
-
-class SchemaError(ValueError):
-    """A row that does not fit its table's schema; the message names the field."""
 
 
 class OutputError(RuntimeError):
@@ -135,144 +50,6 @@ def writing(path: str) -> Iterator[None]:
             f"cannot write {path}: {exc.strerror or exc}. What the job wrote before is kept; "
             f"run the same command again once {until} to resume the job."
         ) from exc
-
-
-# ---------------------------------------------------------------------------------------------
-# Row checks: pyarrow would coerce or fail deep inside a batch; these fail at `add`, by name.
-
-_Check = Callable[[Any], str | None]
-
-
-def _check_for(dtype: pa.DataType) -> _Check:
-    if pa.types.is_string(dtype):
-        return lambda v: None if isinstance(v, str) else "a string"
-    if pa.types.is_boolean(dtype):
-        return lambda v: None if isinstance(v, bool) else "a bool"
-    if pa.types.is_integer(dtype):
-        bits = dtype.bit_width - 1
-        lo, hi = -(2**bits), 2**bits - 1
-
-        def check_int(v: Any) -> str | None:
-            if isinstance(v, bool) or not isinstance(v, int):
-                return f"an integer ({dtype})"
-            return None if lo <= v <= hi else f"an integer within {dtype} range"
-
-        return check_int
-    if pa.types.is_floating(dtype):
-        return lambda v: (
-            None if isinstance(v, int | float) and not isinstance(v, bool) else "a number"
-        )
-    if pa.types.is_timestamp(dtype):
-        return lambda v: (
-            None
-            if isinstance(v, datetime) and v.tzinfo is not None
-            else "a timezone-aware datetime"
-        )
-    if pa.types.is_list(dtype):
-        check_item = _check_for(dtype.value_type)
-
-        def check_list(v: Any) -> str | None:
-            if not isinstance(v, list | tuple):
-                return f"a list ({dtype})"
-            for i, item in enumerate(v):
-                problem = check_item(item)
-                if problem is not None:
-                    return f"a list whose items are {problem} (item {i} is {item!r})"
-            return None
-
-        return check_list
-    raise TypeError(f"no row check for Arrow type {dtype}")
-
-
-@dataclass(frozen=True)
-class _RowShape:
-    """A schema's per-field checks, compiled once."""
-
-    what: str
-    key: str
-    schema: pa.Schema
-    names: frozenset[str]
-    checks: tuple[tuple[str, bool, _Check, frozenset[str] | None], ...]
-
-    @classmethod
-    def of(
-        cls, what: str, key: str, schema: pa.Schema, values: Mapping[str, frozenset[str]]
-    ) -> _RowShape:
-        checks = tuple((f.name, f.nullable, _check_for(f.type), values.get(f.name)) for f in schema)
-        return cls(what, key, schema, frozenset(schema.names), checks)
-
-    def normalize(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        """The row in schema order, absent nullable fields as None; a misfit raises SchemaError."""
-        unknown = [k for k in row if k not in self.names]
-        if unknown:
-            raise SchemaError(
-                f"{self._where(row)}: field {unknown[0]!r} is not in the {self.what} schema "
-                f"(known fields: {', '.join(self.schema.names)})"
-            )
-        out: dict[str, Any] = {}
-        for name, nullable, check, allowed in self.checks:
-            value = row.get(name)
-            if value is None:
-                if not nullable:
-                    state = "is None" if name in row else "is missing"
-                    raise SchemaError(f"{self._where(row)}: field {name!r} {state}; it is required")
-            else:
-                problem = check(value)
-                if problem is None and allowed is not None and value not in allowed:
-                    problem = "one of " + ", ".join(sorted(allowed))
-                if problem is not None:
-                    shown = repr(value)
-                    shown = shown if len(shown) <= 80 else shown[:77] + "..."
-                    raise SchemaError(
-                        f"{self._where(row)}: field {name!r} is {shown} "
-                        f"({type(value).__name__}); expected {problem}"
-                    )
-            out[name] = value
-        return out
-
-    def _where(self, row: Mapping[str, Any]) -> str:
-        ident = row.get(self.key)
-        return self.what if ident is None else f"{self.what} ({self.key}={ident!r})"
-
-    def table(self, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-        return pa.Table.from_pylist(list(rows), schema=self.schema)
-
-    def to_json(self, record: Mapping[str, Any]) -> bytes:
-        """A normalized row as one JSON line (timestamps in ISO 8601, with their offset)."""
-        return (json.dumps(record, default=_iso) + "\n").encode("ascii")
-
-    def from_json(self, line: bytes) -> dict[str, Any]:
-        """A row from `to_json`'s line: the schema's timestamp fields parsed, then checked."""
-        row = json.loads(line)
-        if not isinstance(row, dict):
-            raise SchemaError(f"{self.what}: expected a JSON object, got {type(row).__name__}")
-        for field in self.schema:
-            if pa.types.is_timestamp(field.type) and isinstance(row.get(field.name), str):
-                row[field.name] = datetime.fromisoformat(row[field.name])
-        return self.normalize(row)
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-_FORK_ROWS = _RowShape.of("fork row", "task_id", FORK_SCHEMA, _FORK_VALUES)
-_ATTRIBUTION_ROWS = _RowShape.of("attribution row", "step", ATTRIBUTION_SCHEMA, _ATTRIBUTION_VALUES)
-
-
-def fork_record(row: ForkRow, extras: Mapping[str, Any]) -> dict[str, Any]:
-    """A fork row for `ForkSink.add`: the fork's own fields plus the job's (`job_id`, `stage`,
-    `spec` as `ForkSpec.model_dump_json()`, `worker`, `attempt`, `finished_at`), checked."""
-    own = row.model_dump()
-    clash = [k for k in extras if k in own]
-    if clash:
-        raise SchemaError(
-            f"fork row (task_id={row.task_id!r}): extra field {clash[0]!r} "
-            "would overwrite the fork's own field of that name"
-        )
-    return _FORK_ROWS.normalize({**own, **extras})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +203,7 @@ def _journal_rows(data: bytes, path: str) -> tuple[list[dict[str, Any]], int]:
     for number, line in enumerate(lines, 1):
         if line.strip():
             try:
-                rows.append(_FORK_ROWS.from_json(line))
+                rows.append(FORK_ROWS.from_json(line))
             except ValueError as exc:  # SchemaError and json's errors alike
                 if number == len(lines):
                     break
@@ -587,7 +364,7 @@ class ForkSink:
             if record["task_id"] not in seen:
                 seen.add(record["task_id"])
                 journaled.append(record)
-        return pa.concat_tables([parts, _FORK_ROWS.table(journaled)])
+        return pa.concat_tables([parts, FORK_ROWS.table(journaled)])
 
     def existing_task_ids(self) -> frozenset[str]:
         """The task ids that were on disk when this sink opened: the forks a resumed job skips."""
@@ -601,7 +378,7 @@ class ForkSink:
         """Check and journal one row (see `fork_record`): on a local folder it is on disk when
         this returns. False if its task id was already written or added (counted in
         `duplicates_dropped`). Flushes when due; `OutputError` if the disk is full."""
-        record = _FORK_ROWS.normalize(row)
+        record = FORK_ROWS.normalize(row)
         if record["job_id"] != self.job_id:
             raise SchemaError(
                 f"fork row (task_id={record['task_id']!r}): field 'job_id' is "
@@ -614,7 +391,7 @@ class ForkSink:
             if accepted:
                 if self._journal is not None:
                     # On disk before it counts: a full disk raises here, the row not taken.
-                    self._journal.append(_FORK_ROWS.to_json(record))
+                    self._journal.append(FORK_ROWS.to_json(record))
                 self._seen.add(record["task_id"])
                 self._buffer.append(record)
             else:
@@ -664,7 +441,7 @@ class ForkSink:
         self._last_flush = self._clock()
         count = len(self._buffer)
         if count:
-            data = _parquet_bytes(_FORK_ROWS.table(self._buffer))
+            data = _parquet_bytes(FORK_ROWS.table(self._buffer))
             name = f"part-{self._seq + 1:06d}-{uuid.uuid4().hex}.parquet"
             # On failure the rows stay buffered (and journaled): a later flush writes them.
             self._job.write_atomic(data, "forks", name)
@@ -680,10 +457,10 @@ class ForkSink:
 def write_attribution(out: str | Path, job_id: str, rows: Sequence[Mapping[str, Any]]) -> str:
     """Write `<out>/<job_id>/attribution.parquet` (`ATTRIBUTION_SCHEMA`, one row per step and
     intervention) atomically, replacing any earlier one; returns its path."""
-    records = [_ATTRIBUTION_ROWS.normalize(r) for r in rows]
+    records = [ATTRIBUTION_ROWS.normalize(r) for r in rows]
     job = JobDir.of(out, job_id)
     job.make_dir()
-    job.write_atomic(_parquet_bytes(_ATTRIBUTION_ROWS.table(records)), "attribution.parquet")
+    job.write_atomic(_parquet_bytes(ATTRIBUTION_ROWS.table(records)), "attribution.parquet")
     return job.join("attribution.parquet")
 
 

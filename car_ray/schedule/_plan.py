@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from .._canon import canonical_bytes, digest_of
-from ..execute import BatchLost, Item
+from ..execute import BatchLost, Executor, Item, RowSink
 from ..job import Job
 from ..providers import PriceTable
 from ..replay import (
@@ -198,8 +198,8 @@ class Scheduler:
         tape: Tape,
         *,
         job_id: str,
-        executor: Any,
-        sink: Any,
+        executor: Executor,
+        sink: RowSink,
         budget: Budget,
         prices: PriceTable,
         already: list[dict[str, Any]] | None = None,

@@ -3,13 +3,12 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 
 from __future__ import annotations
 
-from ._local import MemorySink, run_local, run_local_scheduler
+from ._local import run_local, run_local_scheduler
 from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
 
 __all__ = [
     "ArmTruth",
     "BranchingTooLarge",
-    "MemorySink",
     "Solver",
     "StepTruth",
     "Truth",

@@ -6,33 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..execute import LocalExecutor
+from ..execute import LocalExecutor, MemorySink
 from ..job import Job
 from ..providers import PriceTable
 from ..schedule import Budget, JobOutcome, Scheduler, job_id_of
 from ..tape import Tape
 from ._solver import sim_runner
-
-
-class MemorySink:
-    """Keeps rows in a list; refuses a task id it already holds (as the Parquet sink does)."""
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self._ids: set[str] = set()
-
-    def add(self, row: dict[str, Any]) -> bool:
-        if row["task_id"] in self._ids:
-            return False
-        self._ids.add(row["task_id"])
-        self.rows.append(row)
-        return True
-
-    def maybe_flush(self) -> None:
-        return None
-
-    def flush(self) -> None:
-        return None
 
 
 def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[dict[str, Any]]]:
