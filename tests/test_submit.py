@@ -13,7 +13,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 
-from .conftest import ROOT
+from .conftest import ROOT, stop_ray_head
 
 VENV_BIN = Path(sys.executable).parent
 TOKEN = secrets.token_hex(32)
@@ -145,14 +144,9 @@ def ray_head(log: Path) -> Iterator[Head]:
         yield head
     finally:
         head.seen = _processes_of(process.pid, temp_dir)
-        # `ray start --block` stops what it started on SIGTERM (to it alone); whatever is
-        # left in its session goes with SIGKILL.
-        process.terminate()
         try:
-            process.wait(timeout=60)
+            stop_ray_head(process)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
             deadline = time.monotonic() + 30
             while any(_alive(p) for p in head.seen) and time.monotonic() < deadline:
                 time.sleep(0.2)
