@@ -75,13 +75,17 @@ def job_server_address(address: str | None) -> str | None:
 
 
 def _require(address: str | None) -> str:
+    """The job server's URL: a bare `host:port` is the dashboard's (http); `auto` and
+    `ray://` addresses are left for Ray to resolve."""
     found = job_server_address(address)
     if found is None:
         raise ClusterError(
             "no cluster given: pass --address http://HEAD:8265 (the head's dashboard), or set "
-            "RAY_ADDRESS"
+            "RAY_API_SERVER_ADDRESS"
         )
-    return found
+    if found == "auto" or "://" in found:
+        return found.rstrip("/")
+    return f"http://{found}".rstrip("/")
 
 
 def connect(address: str | None) -> Any:
@@ -103,12 +107,18 @@ def connect(address: str | None) -> Any:
         "ray._private.runtime_env.packaging",
     ):
         logging.getLogger(name).setLevel(logging.WARNING)
-    where = urlsplit(url if "://" in url else f"//{url}")
-    if where.scheme in ("http", "https", ""):
-        port = where.port if where.port is not None else 8265 if where.scheme != "https" else 443
+    where = urlsplit(url)
+    if where.scheme in ("http", "https"):
+        try:
+            port = where.port or (443 if where.scheme == "https" else 80)
+        except ValueError:
+            port = None
+        if not where.hostname or port is None:
+            raise ClusterError(f"--address {url!r} is not a URL like http://HOST:8265")
+        host = f"[{where.hostname}]" if ":" in where.hostname else where.hostname
         try:
             _probe(
-                f"{where.hostname}:{port}" if where.hostname else url,
+                f"{host}:{port}",
                 what="reach the Ray job server",
                 start="ray start --head --dashboard-port {port}",
             )
@@ -303,7 +313,10 @@ def results_folder(target: str, out: str, address: str | None) -> Found:
         return Found(find_job(target, out))
     except ValueError as missing:
         if job_server_address(address) is None:
-            raise ValueError(f"{missing}; a submission id needs --address or RAY_ADDRESS") from None
+            raise ValueError(
+                f"{missing}; a submission id needs --address (or RAY_API_SERVER_ADDRESS, or "
+                "RAY_ADDRESS)"
+            ) from None
     client = connect(address)
     info = describe(job_info(client, target))
     folder = info["folder"]

@@ -325,4 +325,4 @@ def test_a_job_server_nobody_answers_on_is_a_clear_error_at_once(tmp_path: Path)
     assert time.monotonic() - began < 60
     nowhere = car_ray(tmp_path, "results", "raysubmit_abc")
     assert nowhere.returncode == 2
-    assert "a submission id needs --address or RAY_ADDRESS" in nowhere.stderr
+    assert "a submission id needs --address (or RAY_API_SERVER_ADDRESS" in nowhere.stderr
