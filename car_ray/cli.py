@@ -726,6 +726,9 @@ def jobs_cmd(address: Address = None) -> None:
     with _cluster_errors():
         client = connect(address)
         jobs = [describe(j) for j in list_jobs(client)]
+    if not jobs:
+        console.print(f"no jobs submitted to {client.get_address()} yet", markup=False)
+        return
     table = Table(title=f"jobs on {escape(client.get_address())}", title_justify="left")
     for column in ("submission id", "status", "car-ray job", "started (UTC)", "output"):
         table.add_column(column, overflow="fold")
@@ -733,8 +736,6 @@ def jobs_cmd(address: Address = None) -> None:
         cells = (j["submission_id"], j["status"], j["job_id"] or "—", j["started"] or "—")
         table.add_row(*(escape(c) for c in cells), escape(j["folder"] or "—"))
     console.print(table)
-    if not jobs:
-        console.print("no jobs submitted yet (car-ray submit JOB.toml --address ...)")
 
 
 @app.command("status")
