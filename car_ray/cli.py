@@ -43,7 +43,22 @@ from .replay import (
 from .tape import LlmEvent, Tape, TapeError, ToolEvent, load_tape
 
 # The order a new user needs them in: the one command that answers the question first.
-_COMMAND_ORDER = ("attribute", "record", "inspect", "fork", "replay", "demo", "truth", "validate")
+_COMMAND_ORDER = (
+    "attribute",
+    "record",
+    "inspect",
+    "fork",
+    "replay",
+    "demo",
+    "truth",
+    "validate",
+    "submit",
+    "jobs",
+    "status",
+    "logs",
+    "stop",
+    "results",
+)
 _HELP = {"help_option_names": ["-h", "--help"]}
 
 
@@ -595,20 +610,218 @@ def show_cmd(
 ) -> None:
     """Reprint a past job's table and verdict from its files (nothing runs); exits as the
     job did."""
-    from .attribute import find_job, load_saved
+    from .attribute import find_job
 
     try:
         folder = find_job(target, out)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    _show_saved(folder, as_json)
+
+
+def _show_saved(folder: str, as_json: bool, tape_path: str | None = None) -> None:
+    """A past job's table and verdict from its output folder; exits as the job did. A folder
+    whose job never finished (killed, or still running) says it is partial and exits 1.
+    `tape_path`: where else the job's tape may be (a submitted job's ran from a copy)."""
+    from .attribute import load_saved
+    from .cluster import partial_note
+
+    try:
         outcome = load_saved(folder)
     except ValueError as exc:
         raise _fail(str(exc)) from None
+    partial = partial_note(folder, outcome)
+    if partial:
+        outcome.notes.insert(0, partial)
     tape = None
-    path = outcome.info.tape.path if outcome.info.tape else None
-    if path:
+    recorded = outcome.info.tape
+    for path in (recorded.path if recorded else None, tape_path):
         # The verdict names what happened at the step when the tape is still there.
         with contextlib.suppress(TapeError, OSError):
-            tape = load_tape(path)
+            found = load_tape(path) if path else None
+            if found is not None and (recorded is None or recorded.id == found.tape_id):
+                tape = found
+                break
     _finish_outcome(folder, outcome, as_json, tape)
+    if partial:
+        raise typer.Exit(1)
+
+
+_ADDRESS_HELP = (
+    "the Ray head's dashboard, http://HOST:8265 (default: RAY_API_SERVER_ADDRESS, else RAY_ADDRESS)"
+)
+Address = Annotated[str | None, typer.Option("--address", help=_ADDRESS_HELP)]
+
+
+@contextmanager
+def _cluster_errors() -> Iterator[None]:
+    """A cluster that cannot be reached, refuses or has no such job: one line, exit 2."""
+    from .cluster import ClusterError
+
+    try:
+        yield
+    except ClusterError as exc:
+        raise _fail(str(exc)) from None
+
+
+@app.command("submit")
+def submit_cmd(
+    job_file: Annotated[Path, typer.Argument(help="the job's TOML file")],
+    address: Address = None,
+    out: Annotated[
+        str | None,
+        typer.Option(help="output folder on the cluster's head (default: the job's 'out')"),
+    ] = None,
+    max_usd: Annotated[float | None, typer.Option(help="dollar cap (total across runs)")] = None,
+    max_forks: Annotated[int | None, typer.Option(help="fork cap (total across runs)")] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="the attribution's seed (independent reruns; job id)")
+    ] = None,
+    more: Annotated[
+        bool, typer.Option("--more", help="on a complete job: run on for tighter intervals")
+    ] = False,
+) -> None:
+    """Run `car-ray attribute` of the job on a Ray cluster as a Ray Job: the job's folder goes
+    with it. Prints the submission id (stdout) and what to run next (stderr)."""
+    from ._scenario import ensure_tape
+    from .attribute import check_tape, with_seed
+    from .cluster import submit
+
+    job = with_seed(_job(job_file), seed)
+    try:
+        tape = ensure_tape(job, on_record=_plain)
+        tape.require_sealed()
+        check_tape(job, tape)
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
+    except (TapeError, JobFileError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    extra = [
+        *(["--max-usd", str(max_usd)] if max_usd is not None else []),
+        *(["--max-forks", str(max_forks)] if max_forks is not None else []),
+        *(["--seed", str(seed)] if seed is not None else []),
+        *(["--more"] if more else []),
+    ]
+    with _cluster_errors():
+        done = submit(job, tape, address=address, out=out, extra=extra)
+    sid, where = done.submission_id, done.address
+    _plain(f"submitted job {done.job_id} to {where} as {sid}; its output: {done.folder}")
+    _plain(f"  car-ray logs {sid} --follow --address {where}")
+    _plain(f"  car-ray results {sid} --address {where}")
+    print(sid)
+
+
+@app.command("jobs")
+def jobs_cmd(address: Address = None) -> None:
+    """The jobs submitted to the cluster, oldest first."""
+    from .cluster import connect, describe, list_jobs
+
+    with _cluster_errors():
+        client = connect(address)
+        jobs = [describe(j) for j in list_jobs(client)]
+    if not jobs:
+        console.print(f"no jobs submitted to {client.get_address()} yet", markup=False)
+        return
+    table = Table(title=f"jobs on {escape(client.get_address())}", title_justify="left")
+    for column in ("submission id", "status", "car-ray job", "started (UTC)", "output"):
+        table.add_column(column, overflow="fold")
+    for j in jobs:
+        cells = (j["submission_id"], j["status"], j["job_id"] or "—", j["started"] or "—")
+        table.add_row(*(escape(c) for c in cells), escape(j["folder"] or "—"))
+    console.print(table)
+
+
+@app.command("status")
+def status_cmd(
+    submission_id: Annotated[str, typer.Argument(help="the id `car-ray submit` printed")],
+    address: Address = None,
+) -> None:
+    """A submitted job's status (PENDING, RUNNING, SUCCEEDED, FAILED or STOPPED), Ray's
+    message, and where its output is."""
+    from .cluster import connect, describe, job_info
+
+    with _cluster_errors():
+        j = describe(job_info(connect(address), submission_id))
+    message = f" ({j['message']})" if j["message"] else ""
+    lines = [f"{j['submission_id']}: {j['status']}{message}"]
+    if j["job_id"]:
+        lines.append(f"car-ray job {j['job_id']}, output {j['folder']}")
+    lines.append(f"started {j['started'] or '—'}, ended {j['ended'] or '—'} (UTC)")
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+@app.command("logs")
+def logs_cmd(
+    submission_id: Annotated[str, typer.Argument(help="the id `car-ray submit` printed")],
+    address: Address = None,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="go on until the job ends; exit 1 unless it succeeded"),
+    ] = False,
+) -> None:
+    """A submitted job's output: the `car-ray attribute` lines its driver printed."""
+    from .cluster import connect, follow_logs, logs
+
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    with _cluster_errors():
+        client = connect(address)
+        if not follow:
+            write(logs(client, submission_id))
+            return
+        status = follow_logs(client, submission_id, write)
+    _plain(f"{submission_id}: {status}")
+    if status != "SUCCEEDED":
+        raise typer.Exit(1)
+
+
+@app.command("stop")
+def stop_cmd(
+    submission_id: Annotated[str, typer.Argument(help="the id `car-ray submit` printed")],
+    address: Address = None,
+    wait: Annotated[
+        bool, typer.Option(help="wait until the job has saved its rows and stopped")
+    ] = True,
+) -> None:
+    """Stop a submitted job as Ctrl-C stops `car-ray attribute`: forks in flight settle, the
+    rows and the table so far are saved, and the same job resumes when submitted again."""
+    from .cluster import STOP_WAIT_S, connect, stop, wait_for
+
+    with _cluster_errors():
+        client = connect(address)
+        running = stop(client, submission_id)
+        status = wait_for(client, submission_id, STOP_WAIT_S) if wait and running else None
+    if not running:
+        _plain(f"{submission_id} had already ended")
+    elif status is None:
+        _plain(f"{submission_id}: stopping (car-ray status {submission_id} says when it has)")
+    else:
+        _plain(f"{submission_id}: {status}")
+        if status not in ("STOPPED", "SUCCEEDED", "FAILED"):
+            raise typer.Exit(1)
+
+
+@app.command("results")
+def results_cmd(
+    target: Annotated[
+        str, typer.Argument(help="a submission id, a job's output folder, or its job id / name")
+    ],
+    address: Address = None,
+    out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
+    as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
+) -> None:
+    """The ranked table and verdict of a job, local or submitted, from its Parquet and
+    job.json (nothing runs); exits as the job did, 1 if it never finished."""
+    from .cluster import results_folder
+
+    try:
+        found = results_folder(target, out, address)
+    except ValueError as exc:  # ClusterError too
+        raise _fail(str(exc)) from None
+    _show_saved(found.folder, as_json, found.tape_path)
 
 
 @app.command("inspect")

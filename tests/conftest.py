@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
@@ -111,3 +113,15 @@ def start_attribute(job_file: Path, out: Path, *, stdout: Any) -> subprocess.Pop
         text=True,
         start_new_session=True,
     )
+
+
+def stop_ray_head(head: subprocess.Popen[Any]) -> None:
+    """Stop a `ray start --head --block` by its pid, never `ray stop` (other Rays run here).
+    It drains and stops what it started on SIGTERM (to it alone: its children stopped under
+    it make it hang); whatever is left in its session goes with SIGKILL."""
+    head.terminate()
+    try:
+        head.wait(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -194,6 +195,18 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
     job_json = json.loads((folder / "job.json").read_text())
     spent_before = job_json["ledger"]["spent"]["forks"] if "ledger" in job_json else len(before)
     assert before, "rows were written before the kill"
+    # Read back before the resume, the folder says it holds no finished run and what it has.
+    partial = subprocess.run(
+        [sys.executable, "-m", "car_ray.cli", "results", str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert partial.returncode == 1
+    assert f"PARTIAL: {folder} holds no finished run" in partial.stdout
+    assert f"{len(before)} fork rows are saved" in partial.stdout
 
     second = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False

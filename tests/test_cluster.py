@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import ROOT, support_job_file
+from .conftest import ROOT, stop_ray_head, support_job_file
 
 RAY = Path(sys.executable).parent / "ray"
 
@@ -70,15 +69,9 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, in
             time.sleep(0.2)
         yield f"127.0.0.1:{port}", port
     finally:
-        # `ray start --block` drains and stops what it started on SIGTERM (to it alone: its
-        # children stopped under it make it hang); whatever is left in its session goes
-        # with SIGKILL.
-        head.terminate()
         try:
-            head.wait(timeout=60)
+            stop_ray_head(head)
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(head.pid, signal.SIGKILL)
             # Only `ray stop` forgets the cluster `ray start` wrote down: a stale address
             # there would send `--address auto` (and plain `ray.init()`) to a dead port.
             noted = Path("/tmp/ray/ray_current_cluster")

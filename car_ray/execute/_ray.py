@@ -170,8 +170,11 @@ def _resolve(address: str) -> str:
     return found or address
 
 
-def _probe(address: str) -> None:
-    """Fail fast on a `host:port` nobody listens on: Ray itself retries it for minutes."""
+def _probe(
+    address: str, what: str = "join the Ray cluster", start: str = "ray start --head --port {port}"
+) -> None:
+    """Fail fast on a `host:port` nobody listens on: Ray itself retries it for minutes.
+    `what` the error says could not be done, and `start` what starts a server there."""
     if "://" in address:
         return  # a ray:// client address: Ray's own checks apply
     where = urlsplit(f"//{address}")
@@ -188,13 +191,12 @@ def _probe(address: str) -> None:
             pass
     except socket.gaierror as exc:
         raise ClusterUnreachable(
-            f"could not join the Ray cluster at {address}: the host {host!r} does not "
-            f"resolve ({exc})"
+            f"could not {what} at {address}: the host {host!r} does not resolve ({exc})"
         ) from None
     except OSError as exc:
         raise ClusterUnreachable(
-            f"could not join the Ray cluster at {address}: nothing answers there ({exc}). "
-            f"Start one (`ray start --head --port {port}`) or check the address"
+            f"could not {what} at {address}: nothing answers there ({exc}). "
+            f"Start one (`{start.format(port=port)}`) or check the address"
         ) from None
 
 
