@@ -169,3 +169,16 @@ def test_coalitions_that_stay_on_the_tape_are_known_without_a_fork() -> None:
     assert lazy.values == full.values
     assert forks < 3 * 200
     assert lazy.forks_per_seed() == forks / 200
+
+
+def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:
+    """Step 6 alone flips the outcome in every seed: phi_s is 1 for it and 0 for 2 and 4. At
+    95% with two rivals each pair is tested at 1/80 one-sided; six seeds of six agreeing have
+    probability 1/64 under a tie, seven 1/128: the verdict waits for the seventh."""
+    shap = SeedShapley([2, 4, 6], 0.05, salt="s")
+    for seed in range(7):
+        for coalition in shap.coalitions(seed):
+            shap.observe(seed, coalition, 6 in coalition)
+        if seed == 5:
+            assert shap.verdict(0.01) is None
+    assert shap.verdict(0.01) == ("separated", [6])

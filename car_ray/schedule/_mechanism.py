@@ -28,7 +28,7 @@ from itertools import combinations, permutations
 from typing import Literal
 
 import numpy as np
-from scipy.stats import norm, t
+from scipy.stats import binom, norm, t
 
 from ._estimators import exact_shapley, wilson
 
@@ -274,8 +274,9 @@ class SeedShapley:
         pair_alpha = self.alpha / max(1, len(m) - 1)
 
         def apart(i: int, j: int) -> bool:
-            d = mean_interval(phi[:, i] - phi[:, j], pair_alpha, low=-2.0, high=2.0)
-            return d.low is not None and d.low > 0
+            diff = phi[:, i] - phi[:, j]
+            d = mean_interval(diff, pair_alpha, low=-2.0, high=2.0)
+            return d.low is not None and d.low > 0 and _signs_agree(diff, pair_alpha)
 
         top = [j for j in range(len(m)) if j == lead or not apart(lead, j)]
         rest = [j for j in range(len(m)) if j not in top]
@@ -308,6 +309,16 @@ def mean_interval(
     floor = scale * z * z / (n + z * z)
     half = max(spread, floor)
     return Interval(mean, max(low, mean - half), min(high, mean + half), n)
+
+
+def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
+    """The sign test: the seeds where i beat j outnumber those where j beat i beyond chance
+    (one-sided at alpha / 2, as the two-sided interval's lower end). With a handful of seeds
+    all agreeing, the t interval's Wilson floor says "apart" a seed or two before an exact
+    test would (six of six: P = 1/64 against the 1/80 of two rivals at 95%), and a top that
+    stops that early is wrong more often than its level."""
+    wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+    return wins > losses and float(binom.sf(wins - 1, wins + losses, 0.5)) <= alpha / 2
 
 
 def _proportion(values: np.ndarray, alpha: float, n: int) -> Interval:
