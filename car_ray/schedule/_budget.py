@@ -212,8 +212,9 @@ class BudgetGovernor:
 
     def release(self, key: str) -> None:
         """The attempt under `key` never started (another ledger refused it): its reservation
-        is free again, nothing spent."""
+        is free again, nothing spent, and `key` may be reserved again."""
         reserved = self._close(key, "released")
+        del self._closed[key]
         for d in range(3):
             self._reserved[d] -= reserved[d]
 
