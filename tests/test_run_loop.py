@@ -10,10 +10,9 @@ from typing import Any
 from car_ray._scenario import ensure_tape
 from car_ray.execute import BatchLost, LocalExecutor, MemorySink
 from car_ray.job import Job, load_job
-from car_ray.providers import PriceTable
 from car_ray.schedule import Budget, RunLoop, Scheduler, SharedBudget, Window, job_id_of
 from car_ray.tape import Tape
-from car_ray.truth import run_local, sim_runner
+from car_ray.truth import local_scheduler, run_local, sim_runner
 
 from .conftest import ROOT
 
@@ -52,15 +51,7 @@ def _together(
     schedulers, sinks = [], []
     for job, tape in jobs:
         sink = MemorySink()
-        scheduler = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=Budget(),
-            prices=PriceTable.load(None),
-        )
+        scheduler = local_scheduler(job, tape, Budget(), executor, sink)
         loop.add(scheduler)
         schedulers.append(scheduler)
         sinks.append(sink)
