@@ -3,6 +3,7 @@ stages, sink and ledger, and gets what it gets alone; a shared budget stops them
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,15 @@ from typing import Any
 from car_ray._scenario import ensure_tape
 from car_ray.execute import BatchLost, LocalExecutor, MemorySink
 from car_ray.job import Job, load_job
-from car_ray.schedule import Budget, RunLoop, Scheduler, SharedBudget, Window, job_id_of
+from car_ray.schedule import (
+    Budget,
+    Deadline,
+    RunLoop,
+    Scheduler,
+    SharedBudget,
+    Window,
+    job_id_of,
+)
 from car_ray.tape import Tape
 from car_ray.truth import local_scheduler, run_local, sim_runner
 
@@ -96,3 +105,14 @@ def test_a_shared_budget_stops_both_jobs_at_its_cap(tmp_path: Path) -> None:
     # The shared window held: never more than 6 forks at once, of both jobs together.
     assert max(len(run) for run in executor.running) <= 6
     assert any(len(set(run)) == 2 for run in executor.running)
+
+
+def test_past_the_deadline_no_fork_starts_and_both_jobs_end(tmp_path: Path) -> None:
+    # A clock that ticks once each time it is read: the deadline admits four forks.
+    ticks = itertools.count()
+    schedulers, sinks, _ = _together(_jobs(tmp_path), [Deadline(5, clock=lambda: next(ticks))])
+    assert sum(len(sink.rows) for sink in sinks) == 4
+    for scheduler in schedulers:
+        assert scheduler.outcome is not None
+        assert scheduler.outcome.status == "budget_exhausted"
+        assert scheduler.governor.in_flight == 0
