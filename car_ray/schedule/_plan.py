@@ -15,8 +15,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-import structlog
-
 from .._canon import canonical_bytes, digest_of
 from ..execute import Executor, Item, Row, RowSink
 from ..job import Job
@@ -39,11 +37,9 @@ from ._stages import (
     PinnedShapley,
     Stage,
     Uniform,
-    _arm_key,
+    arm_key_of,
     held_notes,
 )
-
-log = structlog.get_logger("car_ray.schedule")
 
 MIN_FORKS_PER_COALITION = 4
 OUTPUT_FLOOR_TOKENS = 256
@@ -392,7 +388,7 @@ class Scheduler:
             return
         self.rows_by_task[task] = row
         stage = row["stage"]
-        key = _arm_key(stage, spec)
+        key = arm_key_of(stage, spec)
         counter = _counter(stage, key)
         self.seed_next[counter] = max(self.seed_next[counter], spec.seed - self.seed_base + 1)
         self.rows_by_arm[(stage, key)].append(row)

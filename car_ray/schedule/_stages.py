@@ -546,7 +546,7 @@ class FlipRace(BaseStage):
         self.sent = 0
 
     def observe(self, row: Row) -> None:
-        key = _arm_key("race", ForkSpec.model_validate_json(row["spec"]))
+        key = arm_key_of("race", ForkSpec.model_validate_json(row["spec"]))
         race = self.job.races[self.by_key[key].kind]
         if row["flipped"] is None:
             race.cancel(key)
@@ -555,7 +555,7 @@ class FlipRace(BaseStage):
         self.job.progress.leader = _leader_text(self.job.races)
 
     def unrun(self, spec: ForkSpec) -> None:
-        key = _arm_key("race", spec)
+        key = arm_key_of("race", spec)
         self.job.races[self.by_key[key].kind].cancel(key)
 
     def suggest(self, room: int) -> list[Fork] | None:
@@ -670,7 +670,7 @@ def _rate(rows: list[Row]) -> float:
     return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
 
 
-def _arm_key(stage: str, spec: ForkSpec) -> str:
+def arm_key_of(stage: str, spec: ForkSpec) -> str:
     """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
     if stage == "shapley":
         return ",".join(map(str, sorted(spec.interventions)))
