@@ -160,7 +160,9 @@ def job_id_of(job: Job, tape: Tape) -> str:
 
 
 class Scheduler:
-    """Runs one attribution job over one tape with an executor and a sink."""
+    """One attribution job over one tape: its plan of stages, its ledger and reservations,
+    its rows and the table aggregated from them. A source of forks for `RunLoop`; `run()`
+    runs it alone on its executor."""
 
     # `--more`: a separated top cause does not end the Shapley stage; only intervals within
     # the target do (`_may_stop`).
