@@ -272,6 +272,17 @@ def test_a_lost_attempt_counts_its_whole_reservation_and_its_retry_needs_a_new_k
     assert gov.snapshot()["lost"] == 2
 
 
+def test_a_released_reservation_spent_nothing_and_its_key_may_be_reserved_again() -> None:
+    # Another ledger (the run loop's shared budget) refused the fork: it never started.
+    gov = BudgetGovernor(Budget(max_forks=1))
+    assert gov.try_reserve("t#0", Cost(1, 0.4))
+    gov.release("t#0")
+    assert gov.spent == Cost() and gov.reserved == Cost() and gov.in_flight == 0
+    assert gov.try_reserve("t#0", Cost(1, 0.4))
+    with pytest.raises(BudgetError, match="never reserved"):
+        gov.release("u#0")
+
+
 def test_unknown_and_reused_keys_are_errors() -> None:
     gov = BudgetGovernor(Budget())
     with pytest.raises(BudgetError, match="never reserved"):

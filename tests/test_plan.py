@@ -12,6 +12,7 @@ from car_ray.providers import PriceTable
 from car_ray.replay import ForkSpec, Resample, SwapPolicy
 from car_ray.schedule import Budget, Scheduler, effective_budget
 from car_ray.schedule._plan import DEFAULT_MAX_FORKS
+from car_ray.schedule._stages import BaseStage
 from car_ray.tape import Tape
 
 from .conftest import SUPPORT_JOB
@@ -125,6 +126,9 @@ class _OneShotExecutor:
     def submit(self, items: list[Item]) -> None:
         self.pending += items
 
+    def verify(self, tape_id: str) -> dict[str, Any]:
+        return {"ok": True, "recorded_outcome": 1.0}
+
     def wait(self, timeout_s: float = 0.5) -> list[list[dict[str, Any]]]:
         rows = [
             {
@@ -159,6 +163,30 @@ class _Sink:
     def maybe_flush(self) -> None:
         pass
 
+    def flush(self) -> None:
+        pass
+
+
+class _Given(BaseStage):
+    """A stage that asks for `specs` once and records what it is told."""
+
+    name = "screen"
+
+    def __init__(self, job: Scheduler, specs: list[ForkSpec]) -> None:
+        super().__init__(job)
+        self.given = iter([[("screen", spec) for spec in specs]])
+        self.rows: list[str] = []
+        self.unrun_ids: list[str] = []
+
+    def suggest(self, room: int) -> list[tuple[str, ForkSpec]] | None:
+        return next(self.given, None)
+
+    def observe(self, row: dict[str, Any]) -> None:
+        self.rows.append(row["task_id"])
+
+    def unrun(self, spec: ForkSpec) -> None:
+        self.unrun_ids.append(spec.task_id)
+
 
 def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     support_tape: Tape,
@@ -168,15 +196,10 @@ def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     s.executor = _OneShotExecutor()
     # As if another run of the job wrote this fork's row after this one read the output.
     s.sink = _Sink(refuse={specs[1].task_id})
-    given = iter([[("screen", spec) for spec in specs]])
-    rows: list[str] = []
-    unrun: list[str] = []
-    exhausted = s._run(
-        lambda room: next(given, None),
-        lambda row: rows.append(row["task_id"]),
-        lambda spec: unrun.append(spec.task_id),
-    )
-    assert not exhausted
-    assert rows == [spec.task_id for spec in specs] and unrun == []
+    stage = _Given(s, specs)
+    s.plan = lambda: [stage]  # type: ignore[method-assign]
+    outcome = s.run()
+    assert outcome.status == "complete"
+    assert stage.rows == [spec.task_id for spec in specs] and stage.unrun_ids == []
     assert len(s.rows_by_arm[("screen", "resample@4")]) == 3
     assert s.governor.spent.forks == 3 and s.governor.reserved.forks == 0

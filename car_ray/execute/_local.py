@@ -14,11 +14,28 @@ from ._protocol import BatchLost, Item, Row, Verified, run_item
 
 
 class LocalExecutor:
+    """Runs every fork on `runner`, or a job's forks on the runner `add_job` gave it (jobs of
+    different agents in one run loop)."""
+
     def __init__(self, runner: ForkRunner, name: str = "local") -> None:
         self.runner = runner
         self.name = name
         self.loop = asyncio.new_event_loop()
         self._pending: list[Item] = []
+        self._runners: dict[str, ForkRunner] = {}
+
+    def add_job(self, job_id: str, runner: ForkRunner) -> None:
+        """Run the forks of `job_id` (`Item.job_id`) on `runner`."""
+        self._runners[job_id] = runner
+
+    def _runner_of(self, tape_id: str) -> ForkRunner:
+        for runner in [self.runner, *self._runners.values()]:
+            try:
+                runner.tape(tape_id)
+            except KeyError:
+                continue
+            return runner
+        return self.runner  # it raises the KeyError that names the tape
 
     @property
     def in_flight(self) -> int:
@@ -26,10 +43,11 @@ class LocalExecutor:
 
     def verify(self, tape_id: str) -> Verified:
         try:
-            self.loop.run_until_complete(self.runner.replay(tape_id))
+            runner = self._runner_of(tape_id)
+            self.loop.run_until_complete(runner.replay(tape_id))
         except DivergenceError as exc:
             return {"ok": False, "divergence": exc.render()}
-        return {"ok": True, "recorded_outcome": self.runner.recorded_outcome(tape_id)}
+        return {"ok": True, "recorded_outcome": runner.recorded_outcome(tape_id)}
 
     def submit(self, items: Sequence[Item]) -> None:
         self._pending.extend(items)
@@ -41,10 +59,13 @@ class LocalExecutor:
         return [self.loop.run_until_complete(self._run(batch))]
 
     async def _run(self, batch: list[Item]) -> list[Row]:
-        return list(await asyncio.gather(*(run_item(self.runner, i, self.name) for i in batch)))
+        runners = self._runners
+        forks = (run_item(runners.get(i.job_id, self.runner), i, self.name) for i in batch)
+        return list(await asyncio.gather(*forks))
 
     def shutdown(self) -> None:
-        self.loop.run_until_complete(self.runner.aclose())
+        for runner in [self.runner, *self._runners.values()]:
+            self.loop.run_until_complete(runner.aclose())
         self.loop.run_until_complete(self.loop.shutdown_asyncgens())
         self.loop.close()
 

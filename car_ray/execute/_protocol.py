@@ -10,20 +10,22 @@ from typing import Any, Protocol, Required, TypedDict
 
 from ..replay import ForkRunner, ForkSpec, SpendLimit
 
-# A fork's row as plain data: `ForkRow`'s fields and the executor's `stage`, `spec` (the
-# `ForkSpec` as JSON), `worker` and `attempt`; the scheduler adds `job_id` and `finished_at`.
+# A fork's row as plain data: `ForkRow`'s fields and the executor's `job_id`, `stage`, `spec`
+# (the `ForkSpec` as JSON), `worker` and `attempt`; the run loop adds `finished_at`.
 # `car_ray.results.ForkRecord` is its typed model, and the Parquet schema derives from it.
 Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Item:
-    """One fork to run: the spec and its hard spend ceiling (its budget reservation)."""
+    """One fork to run: the spec and its hard spend ceiling (its budget reservation), and
+    the job it is of (its row comes back with it: the run loop routes rows by job)."""
 
     spec: ForkSpec
     stage: str
     attempt: int = 0
     limit: SpendLimit = field(default_factory=SpendLimit)
+    job_id: str = ""
 
 
 class BatchLost(Exception):
@@ -82,6 +84,7 @@ async def run_item(
         row = runner.error_row(item.spec, f"{type(exc).__name__}: {exc}")
     return {
         **row.model_dump(),
+        "job_id": item.job_id,
         "stage": item.stage,
         "spec": spec_json if spec_json is not None else item.spec.model_dump_json(),
         "worker": worker,

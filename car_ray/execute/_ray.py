@@ -116,14 +116,15 @@ class ForkWorker:
         return {"ok": True, "recorded_outcome": recorded_outcome}
 
     async def run_batch(
-        self, tapes: dict[str, Any], items: list[tuple[str, str, int, str]]
+        self, tapes: dict[str, Any], items: list[tuple[str, str, int, str, str]]
     ) -> list[Row]:
         """Run forks concurrently; each row comes back with the worker's name and timing."""
         await self._ensure(tapes)
 
-        def item(spec_json: str, stage: str, attempt: int, limit_json: str) -> Item:
+        def item(spec_json: str, stage: str, attempt: int, limit_json: str, job_id: str) -> Item:
             spec = ForkSpec.model_validate_json(spec_json)
-            return Item(spec, stage, attempt, SpendLimit.model_validate_json(limit_json))
+            limit = SpendLimit.model_validate_json(limit_json)
+            return Item(spec, stage, attempt, limit, job_id)
 
         return list(
             await asyncio.gather(
@@ -349,7 +350,7 @@ class RayExecutor:
                 continue
             load[index] += len(batch)
             payload = [
-                (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json())
+                (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json(), i.job_id)
                 for i in batch
             ]
             ref = self.workers[index].run_batch.remote(self._tapes, payload)

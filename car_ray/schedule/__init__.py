@@ -25,6 +25,7 @@ from ._estimators import (
     shapley_planner,
     wilson,
 )
+from ._loop import Admission, Deadline, JobSource, RunLoop, SharedBudget, Window
 from ._plan import (
     FAILED_STATUSES,
     Arm,
@@ -35,26 +36,35 @@ from ._plan import (
     job_arms,
     job_id_of,
 )
+from ._stages import Next, Stage
 
 __all__ = [
     "FAILED_STATUSES",
+    "Admission",
     "Arm",
     "Budget",
     "BudgetError",
     "BudgetGovernor",
     "CoalitionPlanner",
     "Cost",
+    "Deadline",
     "Estimate",
     "Headroom",
     "JobOutcome",
+    "JobSource",
     "KernelShapPlanner",
+    "Next",
     "Progress",
     "Race",
     "ReservationExceeded",
+    "RunLoop",
     "Scheduler",
     "ShapleyEstimates",
     "ShapleyPlanner",
+    "SharedBudget",
+    "Stage",
     "StepAttribution",
+    "Window",
     "confidence_sequence",
     "confidence_sequences",
     "effective_budget",

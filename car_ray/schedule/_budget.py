@@ -210,6 +210,14 @@ class BudgetGovernor:
                 "as spent; caps may now be exceeded."
             )
 
+    def release(self, key: str) -> None:
+        """The attempt under `key` never started (another ledger refused it): its reservation
+        is free again, nothing spent, and `key` may be reserved again."""
+        reserved = self._close(key, "released")
+        del self._closed[key]
+        for d in range(3):
+            self._reserved[d] -= reserved[d]
+
     def lose(self, key: str) -> None:
         """The attempt under `key` died without a result: count its whole reservation as spent
         (it may have spent it before dying)."""

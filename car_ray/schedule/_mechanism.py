@@ -100,7 +100,10 @@ class DeviationScreen:
             return 1
         if bound <= 0.0:
             raise ValueError(f"no number of clean observations bounds a deviation by {bound}")
-        return math.floor(math.log(alpha) / math.log(1.0 - bound)) + 1
+        # A bound below the float resolution (a top's phi_lo of 3e-17) has log(1 - b) == 0:
+        # log1p keeps it, and the count is as large as it must be (callers cap it).
+        step = math.log(1.0 - bound) or math.log1p(-bound)
+        return math.floor(math.log(alpha) / step) + 1
 
 
 @dataclass(frozen=True)

@@ -1,75 +1,51 @@
-"""The attribution job: verify → controls → screen → race → shapley → aggregate.
+"""The attribution job: verify, then its plan of stages (`Scheduler.plan`), then aggregate.
 
-Every stage is gated on the one before and on the budget. Forks go to the executor in
-batches; rows stream into the Parquet sink and the estimators as they arrive. A restarted
+The job is a source of forks for the run loop (`_loop.RunLoop`): its current stage suggests
+them, its ledger reserves each one, and the loop hands each row back to the stage, the sink
+and the estimators as it arrives. A restarted
 job feeds the rows already written back into the estimators and never runs a task id twice:
 seeds are counted per arm (see `_counter`), so the j-th fork of an arm is always the same task."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
-import structlog
-
 from .._canon import canonical_bytes, digest_of
-from ..execute import BatchLost, Executor, Item, RowSink
+from ..execute import Executor, Item, Row, RowSink
 from ..job import Job
 from ..providers import PriceTable
-from ..replay import (
-    ForkSpec,
-    Intervention,
-    Resample,
-    SpendLimit,
-    SwapPolicy,
-    Tail,
-    call_bound,
-    is_bad,
-)
+from ..replay import ForkSpec, Intervention, SpendLimit, SwapPolicy, Tail, call_bound
 from ..tape import LlmEvent, Tape, ToolEvent
-from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
-from ._estimators import Race, ShapleyPlanner, confidence_sequence, shapley_planner, wilson
+from ._budget import Budget, BudgetGovernor, Cost
+from ._estimators import Race, ShapleyPlanner, confidence_sequence, wilson
+from ._loop import Gate, RunLoop
 from ._mechanism import DeviationScreen, Interval, SeedShapley
-
-log = structlog.get_logger("car_ray.schedule")
-
-CONTROL_HINT = (
-    "the agent is not deterministic under replay. Usual causes: a client or cache shared "
-    "across concurrent runs (a module-level SDK client, a global conversation list), ids or "
-    "timestamps in request bodies not taken from ctx.now / ctx.uuid4, randomness not from "
-    "ctx.random. Check: `car-ray fork TAPE --job JOB.toml --step 0 --tail pinned` twice; "
-    "both rows must show the tape's outcome and no divergence"
+from ._stages import (
+    UNSCORED,
+    Controls,
+    FlipRace,
+    FlipScreen,
+    HeldArms,
+    HeldControl,
+    HeldScreen,
+    Next,
+    PinnedShapley,
+    Stage,
+    Uniform,
+    arm_key_of,
+    held_notes,
 )
-CONTROL_FORKS = 4
-BASE_RATE_FORKS = 8
-SCREEN_FORKS = 4
-RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
+
 MIN_FORKS_PER_COALITION = 4
 OUTPUT_FLOOR_TOKENS = 256
 LEARNED_OUTPUT_FLOOR = 32
 DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all (legacy methods)
 DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 forks a step
-# The screen clears steps lazily. Its first pass stops at SCREEN_FIRST clean re-draws a step
-# (a step leaving the tape 30% of the time is missed 6% of the time, and a later pass may
-# still find it); Shapley then runs over what it found, and the screen goes on only while a
-# step it has not found could still outrank the top: until every such step's deviation
-# bound is below the top's phi_lo (at most SCREEN_MOST re-draws). When nothing makes a choice
-# the screen clears to SCREEN_CLEAN (a step leaving the tape 20% of the time is missed 1.2%).
-SCREEN_FIRST = 8
-SCREEN_CLEAN = 20
-SCREEN_MOST = 60
-# Shapley seeds of the held game are fork seeds from here on (of the attribution's 2^32): the
-# screen's forks count from 0 and pick the candidates, so Shapley seeds that were the screen's
-# would see every step it found leave the tape (a selection bias toward the found steps).
-SHAPLEY_SEEDS = 1 << 31
-SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
-ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
 # A job's statuses that are a failed job: its CLI exits non-zero.
 FAILED_STATUSES = frozenset({"verify_failed", "control_failed", "failed"})
@@ -77,11 +53,9 @@ FAILED_STATUSES = frozenset({"verify_failed", "control_failed", "failed"})
 # there are this many: their most live calls, each at a call bound with a learned output.
 # A fork that needs more is cut and run once more at the worst case.
 LEARN_AFTER = 4
-PROVIDER_ATTEMPTS = 4  # runs of a fork whose provider keeps failing before it is given up
 # A job whose forks mostly end unscored (divergence, error, provider_error) has failed: its
 # few scored forks are not a sample of anything.
 FAILED_SHARE = 0.5
-UNSCORED = frozenset({"divergence", "error", "provider_error"})
 
 
 @dataclass(frozen=True)
@@ -186,7 +160,9 @@ def job_id_of(job: Job, tape: Tape) -> str:
 
 
 class Scheduler:
-    """Runs one attribution job over one tape with an executor and a sink."""
+    """One attribution job over one tape: its plan of stages, its ledger and reservations,
+    its rows and the table aggregated from them. A source of forks for `RunLoop`; `run()`
+    runs it alone on its executor."""
 
     # `--more`: a separated top cause does not end the Shapley stage; only intervals within
     # the target do (`_may_stop`).
@@ -266,8 +242,11 @@ class Scheduler:
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
         # from job.json: its flip-rates, and so its choice, may differ now).
         self.candidates: list[int] = sorted(candidates or [])
+        self.stage: Stage | None = None  # the plan's current stage
+        self._stages: list[Stage] = []  # the plan's stages after it
+        self.outcome: JobOutcome | None = None  # once the job has finished
         for row in already or []:
-            self._remember(row)
+            self.remember(row)
         self.progress.resumed = len(already or [])
 
     # -- arms and specs --------------------------------------------------------------------
@@ -387,7 +366,7 @@ class Scheduler:
 
     # -- rows ------------------------------------------------------------------------------
 
-    def _remember(self, row: dict[str, Any]) -> None:
+    def remember(self, row: dict[str, Any]) -> None:
         """Feed a row (new or resumed) to the estimators; keep the seed counters ahead."""
         task = row["task_id"]
         if task in self.rows_by_task:
@@ -411,145 +390,12 @@ class Scheduler:
             return
         self.rows_by_task[task] = row
         stage = row["stage"]
-        key = _arm_key(stage, spec)
+        key = arm_key_of(stage, spec)
         counter = _counter(stage, key)
         self.seed_next[counter] = max(self.seed_next[counter], spec.seed - self.seed_base + 1)
         self.rows_by_arm[(stage, key)].append(row)
 
-    # -- running forks ------------------------------------------------------------------------
-
-    def _run(
-        self,
-        next_batch: Callable[[int], list[tuple[str, ForkSpec]] | None],
-        on_row: Callable[[dict[str, Any]], None],
-        on_unrun: Callable[[ForkSpec], None] = lambda spec: None,
-    ) -> bool:
-        """Run the forks a stage asks for until it says it is done (`next_batch` returns
-        None; an empty list means "nothing until more results arrive") or the budget refuses
-        one; True if the budget ran out. A lost batch (its worker died) is retried under a
-        new reservation, the lost attempt counted as spent."""
-        window = self.spec.provider.concurrency
-        exhausted = stage_done = False
-        keys: dict[str, str] = {}
-        queue: list[Any] = []
-        # Forks the governor refused while others were in flight: reservations are upper
-        # bounds, so settling those may free room. Only a refusal with nothing in flight
-        # means the budget is spent.
-        waiting: list[tuple[str, ForkSpec]] = []
-
-        def again(stage: str, spec: ForkSpec, attempt: int, *, worst: bool = False) -> None:
-            """Run a fork once more under a new ledger key (its last attempt is settled or
-            lost). Refused, it waits while any reservation is open: rows of this result not
-            yet settled, forks in flight or queued may free room."""
-            nonlocal exhausted
-            attempts[spec.task_id] = attempt + 1
-            retry = self._reserve(stage, spec, keys, attempt + 1, worst=worst)
-            if retry is not None:
-                queue.append(retry)
-            elif self.governor.in_flight:
-                waiting.append((stage, spec))
-            else:
-                exhausted = True
-                on_unrun(spec)
-
-        # Attempts count per fork over the whole job: a stage may ask again for a fork an
-        # earlier stage gave up on, and every attempt needs its own ledger key.
-        attempts = self.attempts
-        while True:
-            room = window - self.executor.in_flight - len(queue)
-            asked = False
-            if not exhausted and room > 0 and (waiting or not stage_done):
-                if waiting:
-                    batch, waiting = waiting, []
-                else:
-                    asked = True
-                    got = next_batch(room)
-                    stage_done = got is None
-                    batch = got or []
-                for i, (stage, spec) in enumerate(batch):
-                    task = spec.task_id
-                    if task in self.rows_by_task:  # written by an earlier run of this job
-                        on_row(self.rows_by_task[task])
-                        continue
-                    item = self._reserve(stage, spec, keys, attempts.get(task, 0))
-                    if item is None:
-                        if self.executor.in_flight or queue:
-                            waiting = batch[i:]
-                        else:
-                            exhausted = True
-                            for _, unrun in batch[i:]:
-                                on_unrun(unrun)
-                        break
-                    queue.append(item)
-            if queue:
-                # The ledger reaches job.json before the forks reach a worker: a driver
-                # killed now leaves a successor that counts them as (possibly) spent.
-                self.on_submit()
-                self.executor.submit(queue)
-                queue = []
-            if self.executor.in_flight == 0:
-                if exhausted or (stage_done and not waiting):
-                    return exhausted
-                if asked and not batch and not waiting:
-                    # The stage wants nothing and nothing is in flight: it cannot progress.
-                    return exhausted
-                continue
-            self.progress.in_flight = self.executor.in_flight
-            for result in self.executor.wait(0.25):
-                if isinstance(result, BatchLost):
-                    self.progress.lost += len(result.items)
-                    for item in result.items:
-                        self.governor.lose(keys.pop(item.spec.task_id))
-                        again(item.stage, item.spec, item.attempt)
-                    continue
-                for row in result:
-                    row["job_id"] = self.job_id
-                    row["finished_at"] = datetime.now(UTC)
-                    ledger_key = keys.pop(row["task_id"])
-                    try:
-                        self.governor.settle(
-                            ledger_key,
-                            Cost(1, row["cost_usd"], row["tokens_in"] + row["tokens_out"]),
-                        )
-                    except ReservationExceeded as exc:
-                        # The ledger has the true spend; say so rather than stop the job.
-                        self.notes.append(f"OVERSPENT: {exc}")
-                        log.warning("reservation_exceeded", task=row["task_id"], error=str(exc))
-                    if row["status"] == "budget_cut" and ledger_key in self._learned:
-                        # The learned reservation was too small for this one: keep its row
-                        # (it was paid for) and run it again at the worst case.
-                        spec = self._keep_attempt(row, "cut")
-                        again(row["stage"], spec, row["attempt"], worst=True)
-                        continue
-                    if row["status"] == "provider_error":
-                        failures = self.provider_failed[row["task_id"]]
-                        spec = self._keep_attempt(row, f"p{failures}")
-                        if failures + 1 >= PROVIDER_ATTEMPTS:
-                            # Its next attempt (if a stage asks again) has a fresh key.
-                            attempts[spec.task_id] = row["attempt"] + 1
-                            self.given_up += 1
-                            self.notes.append(
-                                f"gave up a fork after {PROVIDER_ATTEMPTS} provider failures "
-                                f"(last: {row['error']})"
-                            )
-                            on_unrun(spec)
-                            continue
-                        again(row["stage"], spec, row["attempt"])
-                        continue
-                    added = self.sink.add(row)
-                    if added or row["task_id"] not in self.rows_by_task:
-                        # A row the sink refuses is one it already holds on disk (another
-                        # run of this job wrote it after this one read the output): it is
-                        # still this fork's result, and the estimators must see it once.
-                        self._remember(row)
-                        on_row(row)
-                    else:  # pragma: no cover - a task is never submitted twice
-                        on_unrun(ForkSpec.model_validate_json(row["spec"]))
-                    self.progress.done += 1
-            self.sink.maybe_flush()
-            self._tick()
-
-    def _keep_attempt(self, row: dict[str, Any], suffix: str) -> ForkSpec:
+    def keep_attempt(self, row: dict[str, Any], suffix: str) -> ForkSpec:
         """Write a paid attempt that is not the fork's answer (a provider failure, a cut at
         a learned reservation) under its own row id, `<task>/<suffix>`: the fork's task id
         stays free for the run that answers. Counted, never scored."""
@@ -557,18 +403,20 @@ class Scheduler:
         spec = ForkSpec.model_validate_json(row["spec"])
         row["task_id"] = f"{spec.task_id}/{suffix}"
         self.sink.add(row)
-        self._remember(row)
+        self.remember(row)
         return spec
 
-    def _reserve(
+    def reserve(
         self,
         stage: str,
         spec: ForkSpec,
-        keys: dict[str, str],
         attempt: int = 0,
         *,
         worst: bool = False,
-    ) -> Item | None:
+        gate: Gate | None = None,
+    ) -> tuple[Item, str] | None:
+        """Reserve a fork's attempt in the job's ledger (`reservation`), and in the run
+        loop's policies (`gate`): the item to submit and its ledger key, or None if refused."""
         worst = worst or spec.task_id in self.cut_tasks
         estimate, output, learned = self.reservation(spec, worst=worst)
         key = f"{spec.task_id}#{attempt}"
@@ -581,20 +429,22 @@ class Scheduler:
             if shrunk is None or not self.governor.try_reserve(key, shrunk):
                 return None
             estimate, learned = shrunk, True
+        if gate is not None and not gate(key, estimate):
+            self.governor.release(key)
+            return None
         if learned:
             self._learned.add(key)
-        keys[spec.task_id] = key
-        return Item(
-            spec,
-            stage,
-            attempt,
-            SpendLimit(
-                usd=estimate.usd,
-                tokens=estimate.tokens,
-                default_output_tokens=output,
-                tokens_per_byte=self.tokens_per_byte,
-            ),
+        limit = SpendLimit(
+            usd=estimate.usd,
+            tokens=estimate.tokens,
+            default_output_tokens=output,
+            tokens_per_byte=self.tokens_per_byte,
         )
+        return Item(spec, stage, attempt, limit, job_id=self.job_id), key
+
+    def learned(self, key: str) -> bool:
+        """Whether the attempt under ledger `key` was reserved at a learned estimate."""
+        return key in self._learned
 
     def _what_is_left(self, spec: ForkSpec, estimate: Cost, output: int) -> Cost | None:
         if self.governor.in_flight:
@@ -609,7 +459,7 @@ class Scheduler:
             return None
         return Cost(forks=1, usd=usd, tokens=tokens)
 
-    def _tick(self) -> None:
+    def tick(self) -> None:
         self.progress.spent = self.governor.spent
         elapsed = time.monotonic() - self.progress.started
         caps = self.budget
@@ -621,7 +471,7 @@ class Scheduler:
 
     # -- stages ------------------------------------------------------------------------------
 
-    def _stage(self, name: str) -> None:
+    def enter(self, name: str) -> None:
         """Enter a stage: the last one's forks and wall time go into `stage_times`."""
         now = time.monotonic()
         entry = self.stage_times.setdefault(self.progress.stage, {"forks": 0, "wall_s": 0.0})
@@ -631,43 +481,93 @@ class Scheduler:
         self._stage_started = now
         self._stage_done = self.progress.done
 
+    def plan(self) -> list[Stage]:
+        """The job's stages, in order (each may hand over to others: `Next`)."""
+        if self.spec.method == "auto":
+            # The other arms first: with a seed-honouring provider each is one exact fork,
+            # and Shapley may spend whatever the budget has left.
+            return [HeldControl(self), HeldArms(self), HeldScreen(self)]
+        if self.spec.method == "uniform":
+            return [Uniform(self)]
+        stages: list[Stage] = [Controls(self), FlipScreen(self)]
+        if self.spec.method == "flip":
+            stages.append(FlipRace(self))
+        if self.spec.method == "shapley":
+            stages.append(PinnedShapley(self))
+        return stages
+
     def run(self) -> JobOutcome:
+        """Run the job alone on its executor (`RunLoop` runs many at once)."""
+        loop = RunLoop(self.executor)
+        loop.add(self)
+        loop.run()
+        assert self.outcome is not None
+        return self.outcome
+
+    # -- the job as the run loop's source of forks ----------------------------------------------
+
+    @property
+    def window(self) -> int:
+        """Forks of this job in flight at once: its provider's concurrency."""
+        return self.spec.provider.concurrency
+
+    def begin(self) -> bool:
+        """Verify the tape and enter the first stage; False if the job ended already."""
         self.progress.stage = "verify"
-        self._tick()
+        self.tick()
         check = self.executor.verify(self.tape.tape_id)
         if not check["ok"]:
             self.status = "verify_failed"
             self.notes.append(check["divergence"])
-            return self._finish()
-        if self.spec.method == "auto":
-            # The other arms first: with a seed-honouring provider each is one exact fork,
-            # and Shapley may spend whatever the budget has left.
-            if self._held_control():
-                self.status = "budget_exhausted"
-                return self._finish()
-            if self.control_failed:
-                # Every fork after it would measure the nondeterminism, not the steps.
-                self.status = "control_failed"
-                return self._finish()
-            out_of_budget = self._held_arms() or self._screen_and_shapley()
-            self.status = "budget_exhausted" if out_of_budget else "complete"
-            return self._finish()
-        if self.spec.method == "uniform":
-            self.status = "budget_exhausted" if self._uniform() else "complete"
-            return self._finish()
-        out_of_budget = self._controls()
-        if self.control_failed:
-            return self._finish()
-        if not out_of_budget:
-            out_of_budget = self._screen()
-        if not out_of_budget and self.spec.method in ("auto", "flip"):
-            out_of_budget = self._race()
-        if not out_of_budget and self.spec.method in ("auto", "shapley"):
-            out_of_budget = self._shapley()
-        self.status = "budget_exhausted" if out_of_budget else "complete"
-        return self._finish()
+            self.outcome = self._finish()
+            return False
+        self._stages = self.plan()
+        return self._enter_next()
 
-    # -- the held-mechanism attribution (method "auto") ----------------------------------------
+    def _enter_next(self) -> bool:
+        """Start the next stage of the plan; False (and the job finished) if none is left."""
+        if not self._stages:
+            self.status = "complete"
+            self.outcome = self._finish()
+            return False
+        self.stage = self._stages.pop(0)
+        self.stage.start()
+        return True
+
+    def suggest(self, room: int) -> list[tuple[str, ForkSpec]] | None:
+        assert self.stage is not None
+        return self.stage.suggest(room)
+
+    def observe(self, row: Row) -> None:
+        assert self.stage is not None
+        self.stage.observe(row)
+
+    def unrun(self, spec: ForkSpec) -> None:
+        assert self.stage is not None
+        self.stage.unrun(spec)
+
+    def stage_ended(self, exhausted: bool) -> bool:
+        """The current stage has nothing in flight and wants nothing more (or the budget
+        refused it): hand over as it says (`Next`). True when the job has finished."""
+        assert self.stage is not None
+        then: Next = self.stage.done(exhausted)
+        end = then.end or ("budget_exhausted" if exhausted else None)
+        if end is not None:
+            self.status = end
+            self.outcome = self._finish()
+            return True
+        self._stages[:0] = then.then
+        return not self._enter_next()
+
+    def submitted(self, forks: int) -> None:
+        self.on_submit()
+
+    def received(self, rows: int = 0, lost: int = 0) -> None:
+        self.progress.done += rows
+        self.progress.lost += lost
+
+    def in_flight_now(self, forks: int) -> None:
+        self.progress.in_flight = forks
 
     def _rows(self, stage: str, tail: Tail) -> list[tuple[ForkSpec, dict[str, Any]]]:
         out = []
@@ -680,414 +580,8 @@ class Scheduler:
                     out.append((spec, row))
         return out
 
-    def _held_control(self) -> bool:
-        """The negative control: nothing intervened, every step held. It must reproduce the
-        recorded outcome (with a seed-honouring provider it is the replay: no live call)."""
-        self._stage("controls")
-        plan = iter([("controls", self._spec("controls", "held", {}, "held", 0))])
-        exhausted = self._run(lambda room: list(itertools.islice(plan, room)) or None, _ignore)
-        rows = [r for _, r in self._rows("controls", "held")]
-        bad = [r for r in rows if r["outcome"] != r["recorded_outcome"]]
-        # A control that never ran (its provider failed every try) controls nothing.
-        missing = not rows and not exhausted
-        if missing or bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in rows):
-            self.control_failed = True
-            what = (
-                rows[0]["divergence"] or rows[0]["error"]
-                if rows
-                else "it never ran: its provider failed every try"
-            )
-            self.notes.append(
-                "NEGATIVE CONTROL FAILED: the fork that changes nothing did not reproduce the "
-                f"recorded outcome{f' ({what})' if what else ''}; {CONTROL_HINT}"
-            )
-            log.warning("control_failed", status=rows[0]["status"] if rows else None)
-        return exhausted
-
-    def _screen_and_shapley(self) -> bool:
-        """The screen, then Shapley over the steps it found, screening on beside it while a
-        step it has not found could still outrank the top (see SCREEN_FIRST); Shapley starts
-        over when the screen finds another step. True if the budget ended first."""
-        steps = [a.step for a in self.arms if a.kind == "resample"]
-        screen = DeviationScreen(steps, clean_needed=SCREEN_FIRST)
-        self.screen = screen
-        for spec, row in self._rows("screen", "held"):
-            if row["outcome"] is not None:
-                screen.observe(sorted(spec.interventions), row["first_deviation"])
-        exhausted = self._deviation_screen()
-        while not exhausted:
-            if not screen.candidates:
-                if screen.clean_needed >= SCREEN_CLEAN:
-                    self.verdict = ("separated", [])
-                    break
-                # Nothing found yet: clear every step to SCREEN_CLEAN before saying so.
-                screen.clean_needed = SCREEN_CLEAN
-                exhausted = self._deviation_screen()
-                continue
-            found = len(screen.candidates)
-            exhausted = self._seed_shapley()
-            if len(screen.candidates) == found:
-                break
-        if screen.strays:
-            self.notes.append(
-                f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
-                "(nondeterminism outside the context's seams?)"
-            )
-        self.notes.append(
-            f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
-        )
-        shap = self.seed_shapley
-        n = len(shap.complete_seeds()) if shap is not None else 0
-        if self.verdict is None:
-            self.notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
-        elif self.verdict[1]:
-            self.notes.append(
-                f"shapley: {n} seeds; top cause {self.verdict[1]} {self.verdict[0]} at "
-                f"{self.spec.confidence:.0%}"
-            )
-        else:
-            self.notes.append("shapley: no step makes a choice that could change the outcome")
-        # A verdict that stands when the budget ends is an answer: the job is complete.
-        return exhausted and self.verdict is None
-
-    def _screen_forks(self, room: int, pending: int) -> list[tuple[str, ForkSpec]]:
-        """Up to `room` forks of the screen's block (at most SCREEN_IN_FLIGHT in flight)."""
-        assert self.screen is not None
-        block = self.screen.block()
-        if not block:
-            return []
-        plan: dict[int, Intervention] = {k: Resample() for k in block}
-        n = max(0, min(room, SCREEN_IN_FLIGHT - pending))
-        return [("screen", self._spec("screen", "block", plan, "held")) for _ in range(n)]
-
-    def _deviation_screen(self) -> bool:
-        """Which steps ever choose differently: blocks of steps re-drawn together, held tail
-        (see `DeviationScreen`), until every step not found has its clean draws."""
-        self._stage("screen")
-        screen = self.screen
-        assert screen is not None
-        pending = 0
-
-        def on_row(row: dict[str, Any]) -> None:
-            nonlocal pending
-            pending -= 1
-            if row["outcome"] is not None:
-                spec = ForkSpec.model_validate_json(row["spec"])
-                screen.observe(sorted(spec.interventions), row["first_deviation"])
-
-        def on_unrun(spec: ForkSpec) -> None:
-            nonlocal pending
-            pending -= 1
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            nonlocal pending
-            if screen.done():
-                return None
-            out = self._screen_forks(room, pending)
-            pending += len(out)
-            return out
-
-        return self._run(next_batch, on_row, on_unrun)
-
-    def _seed_shapley(self) -> bool:
-        """Shapley blame over the steps the screen found, one seed at a time (see
-        `SeedShapley`), until the top cause is separated or the intervals are precise, with
-        the screen's clearance behind the verdict: every step the screen has not found has
-        a deviation bound (which bounds its |phi|) below the top's phi_lo, or below the
-        target half-width when the verdict is "precise". While it is not, each fork goes
-        where it narrows that gap most: a screen fork lowers the bound, a Shapley seed
-        raises phi_lo. Returns (early) when the screen finds another step."""
-        self._stage("shapley")
-        screen = self.screen
-        assert screen is not None
-        shap = SeedShapley(screen.candidates, self.alpha, salt=str(self.spec.attribution_seed))
-        self.seed_shapley = shap
-        self.verdict = None
-        self.candidates = list(shap.candidates)
-        coalitions_of: dict[int, set[frozenset[int]]] = {}
-        for spec, row in self._rows("shapley", "held"):
-            seed = self._shapley_seed(spec)
-            coalition = frozenset(spec.interventions)
-            if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
-                _observe(shap, seed, coalition, row)
-        pending: set[tuple[int, frozenset[int]]] = set()
-        screening: set[str] = set()
-        per_seed = max(1, len(shap.coalitions(0)))
-        target = self.spec.target_half_width
-
-        def on_row(row: dict[str, Any]) -> None:
-            spec = ForkSpec.model_validate_json(row["spec"])
-            if spec.task_id in screening:
-                screening.discard(spec.task_id)
-                if row["outcome"] is not None:
-                    screen.observe(sorted(spec.interventions), row["first_deviation"])
-                return
-            seed, coalition = self._shapley_seed(spec), frozenset(spec.interventions)
-            pending.discard((seed, coalition))
-            _observe(shap, seed, coalition, row)
-
-        def on_unrun(spec: ForkSpec) -> None:
-            if spec.task_id in screening:
-                screening.discard(spec.task_id)
-                return
-            seed, coalition = self._shapley_seed(spec), frozenset(spec.interventions)
-            pending.discard((seed, coalition))
-            # A seed missing a coalition is incomplete: its other forks are not asked again.
-            shap.observe(seed, coalition, None)
-
-        def seeds(room: int) -> list[tuple[str, ForkSpec]]:
-            room = min(room, max(2 * per_seed, 8) - len(pending))
-            out: list[tuple[str, ForkSpec]] = []
-            seed = 0
-            while len(out) < room:
-                first = shap.first(seed)
-                if seed in shap.failed or (seed, first) in pending:
-                    # The seed's other coalitions wait for its first: it may settle them.
-                    seed += 1
-                    continue
-                todo = [first] if not shap.known(seed, first) else shap.coalitions(seed)
-                for coalition in todo:
-                    if len(out) >= room:
-                        break
-                    if shap.known(seed, coalition) or (seed, coalition) in pending:
-                        continue
-                    pending.add((seed, coalition))
-                    plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-                    key = ",".join(map(str, sorted(coalition)))
-                    fork_seed = SHAPLEY_SEEDS + seed
-                    out.append(("shapley", self._spec("shapley", key, plan, "held", fork_seed)))
-                seed += 1
-            return out
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            if screen.candidates != shap.candidates:
-                return None  # the screen found another step: Shapley starts over
-            verdict = shap.verdict(target)
-            if verdict is None or not self._may_stop(shap, target):
-                return seeds(room)
-            if self._stands(shap, verdict):
-                self.verdict = verdict
-                return None
-            if self._screen_gain() >= self._seed_gain(shap, verdict):
-                out = self._screen_forks(room, len(screening))
-                screening.update(spec.task_id for _, spec in out)
-                return out
-            return seeds(room)
-
-        exhausted = self._run(next_batch, on_row, on_unrun)
-        if exhausted and screen.candidates == shap.candidates:
-            # The budget ended: the verdict of every fork it paid for may stand all the same.
-            verdict = shap.verdict(target)
-            if verdict is not None and self._may_stop(shap, target) and self._stands(shap, verdict):
-                self.verdict = verdict
-        return exhausted
-
-    def _stands(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> bool:
-        """Whether Shapley's verdict has the screen's clearance behind it: every step not
-        found has a deviation bound below what the verdict needs (`_clearance`), or was
-        screened as far as the screen goes (SCREEN_MOST). If not, the screen is asked for
-        the clean draws that would do."""
-        screen = self.screen
-        assert screen is not None
-        if not verdict[1]:
-            return True
-        need = self._clearance(shap, verdict)
-        bound = max((screen.deviation_bound(k, self.alpha) for k in self._unfound()), default=0)
-        if bound < need:
-            return True
-        clean = DeviationScreen.clean_for(need, self.alpha) if need > 0 else SCREEN_MOST
-        screen.clean_needed = min(SCREEN_MOST, clean)
-        return screen.done()
-
-    def _shapley_seed(self, spec: ForkSpec) -> int:
-        """Which seed of the Shapley stage a fork belongs to."""
-        return spec.seed - self.seed_base - SHAPLEY_SEEDS
-
-    def _unfound(self) -> list[int]:
-        """The resample steps the screen has not seen leave the tape."""
-        assert self.screen is not None
-        return [k for k in self.screen.steps if k not in self.screen.hits]
-
-    def _clearance(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
-        """The deviation bound a step not found must be below for `verdict` to stand."""
-        if verdict[0] != "separated":
-            return self.spec.target_half_width
-        estimates = shap.estimates()
-        return max(0.0, min(estimates[k][0].low or 0.0 for k in verdict[1]))
-
-    def _screen_gain(self) -> float:
-        """How much one more screen fork lowers the largest deviation bound of a step not
-        found."""
-        assert self.screen is not None
-        n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
-        bound = DeviationScreen.bound_after
-        return bound(n, self.alpha) - bound(n + 1, self.alpha)
-
-    def _seed_gain(self, shap: SeedShapley, verdict: tuple[str, list[int]]) -> float:
-        """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
-        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition).
-        A "precise" verdict waits on the bound alone: seeds do not help it."""
-        if verdict[0] != "separated":
-            return 0.0
-        estimates = shap.estimates()
-        seeds = max(1, len(shap.complete_seeds()))
-        half = max(estimates[k][0].half_width for k in verdict[1])
-        if half == float("inf"):
-            return float("inf")
-        return half / (2 * seeds) / max(1.0, shap.forks_per_seed())
-
-    def _may_stop(self, shap: SeedShapley, target: float) -> bool:
-        """Whether a verdict ends the Shapley stage: always, unless `precise_only` asks for
-        every phi interval within `target` (a separated top is not enough then)."""
-        if not self.precise_only:
-            return True
-        return all(phi.half_width <= target for phi, _, _ in shap.estimates().values())
-
-    def _held_arms(self) -> bool:
-        """Every other arm (observation, action, context, policy) with a held tail: one fork
-        when the provider honours seeds and the fork draws nothing fresh (it is then exact),
-        ARM_FORKS otherwise."""
-        self._stage("arms")
-        plan: list[tuple[Arm, int]] = []
-        for arm in self.arms:
-            if arm.kind == "resample":
-                continue
-            exact = self.honours_seed and not isinstance(arm.intervention, SwapPolicy)
-            plan.extend((arm, j) for j in range(1 if exact else ARM_FORKS))
-        given = iter(plan)
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            out = [
-                ("arms", self._spec("arms", arm.key, {arm.step: arm.intervention}, "held", j))
-                for arm, j in itertools.islice(given, room)
-            ]
-            return out or None
-
-        return self._run(next_batch, _ignore)
-
-    def _uniform(self) -> bool:
-        """The uniform scheme: `forks_per_step` forks of every arm, one tail for all."""
-        self._stage("uniform")
-        k, tail = self.spec.forks_per_step, self.spec.uniform_tail
-        given = iter([(arm, j) for j in range(k) for arm in self.arms])
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            out = [
-                ("uniform", self._spec("uniform", arm.key, {arm.step: arm.intervention}, tail, j))
-                for arm, j in itertools.islice(given, room)
-            ]
-            return out or None
-
-        return self._run(next_batch, _ignore)
-
-    def _controls(self) -> bool:
-        self._stage("controls")
-        all_steps: dict[int, Intervention] = {k: Resample() for k in range(len(self.steps))}
-        plan: list[tuple[str, dict[int, Intervention], Tail, int]] = [
-            ("pinned", {}, "pinned", j) for j in range(CONTROL_FORKS)
-        ] + [("base", all_steps, "live", j) for j in range(BASE_RATE_FORKS)]
-        given = iter(plan)
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            out = [
-                ("controls", self._spec("controls", key, dict(p), tail, seed))
-                for key, p, tail, seed in itertools.islice(given, room)
-            ]
-            return out or None
-
-        exhausted = self._run(next_batch, lambda row: None)
-        pinned = self.rows_by_arm[("controls", "pinned")]
-        bad = [r for r in pinned if r["outcome"] != r["recorded_outcome"]]
-        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in pinned):
-            self.control_failed = True
-            self.notes.append(
-                f"NEGATIVE CONTROL FAILED: {len(bad)} of {len(pinned)} pinned-everything forks "
-                f"did not reproduce the recorded outcome; {CONTROL_HINT}"
-            )
-            log.warning("control_failed", failures=len(bad))
-        base = [r for r in self.rows_by_arm[("controls", "base")] if r["outcome"] is not None]
-        if base:
-            rate = sum(is_bad(r["outcome"]) for r in base) / len(base)
-            self.notes.append(
-                f"base rate (everything re-drawn): {rate:.2f} bad over {len(base)} forks"
-            )
-        return exhausted
-
     def _arm_rows(self, arm: Arm) -> list[dict[str, Any]]:
         return self.rows_by_arm[("screen", arm.key)] + self.rows_by_arm[("race", arm.key)]
-
-    def _screen(self) -> bool:
-        self._stage("screen")
-        plan = iter([(arm, j) for j in range(SCREEN_FORKS) for arm in self.arms])
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            out = [
-                (
-                    "screen",
-                    self._spec("screen", arm.key, {arm.step: arm.intervention}, "live", seed),
-                )
-                for arm, seed in itertools.islice(plan, room)
-            ]
-            return out or None
-
-        return self._run(next_batch, lambda row: None)
-
-    def _race(self) -> bool:
-        self._stage("race")
-        by_key = {arm.key: arm for arm in self.arms}
-        for arm in self.arms:
-            race = self.races.setdefault(
-                arm.kind, Race([a.key for a in self.arms if a.kind == arm.kind], alpha=self.alpha)
-            )
-            for row in self._arm_rows(arm):
-                if row["flipped"] is not None:
-                    race.update(arm.key, float(row["flipped"]))
-        # With Shapley to follow, the race keeps to its share; alone, it may use it all.
-        quota = self._quota(RACE_SHARE if self.spec.method == "auto" else 1.0)
-        sent = 0
-
-        def on_row(row: dict[str, Any]) -> None:
-            key = _arm_key("race", ForkSpec.model_validate_json(row["spec"]))
-            race = self.races[by_key[key].kind]
-            if row["flipped"] is None:
-                race.cancel(key)
-            else:
-                race.update(key, float(row["flipped"]))
-            self.progress.leader = _leader_text(self.races)
-
-        def on_unrun(spec: ForkSpec) -> None:
-            key = _arm_key("race", spec)
-            self.races[by_key[key].kind].cancel(key)
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            nonlocal sent
-            target = self.spec.target_half_width
-            open_races = [r for r in self.races.values() if r.done(target) is None]
-            if not open_races or sent >= quota:
-                return None
-            out: list[tuple[str, ForkSpec]] = []
-            for race in open_races:
-                for key in race.next_arms(max(1, min(room, quota - sent) // len(open_races))):
-                    arm = by_key[key]
-                    out.append(
-                        ("race", self._spec("race", key, {arm.step: arm.intervention}, "live"))
-                    )
-                    sent += 1
-            return out
-
-        exhausted = self._run(next_batch, on_row, on_unrun)
-        for kind, race in self.races.items():
-            verdict = race.done(self.spec.target_half_width)
-            leader = race.leader()
-            self.notes.append(
-                f"race ({kind}): "
-                + (
-                    f"{verdict}, leader {leader}"
-                    if verdict
-                    else "stopped by its share of the budget"
-                )
-            )
-        return exhausted
 
     def _quota(self, share: float) -> int:
         """Forks a stage may plan for: a share of what the caps leave, at the mean cost of
@@ -1106,68 +600,6 @@ class Scheduler:
             )
             counts.append(int(left.tokens / per_tok))
         return int(share * min(counts)) if counts else DEFAULT_MAX_FORKS
-
-    def _shapley(self) -> bool:
-        self._stage("shapley")
-        resample = [a for a in self.arms if a.kind == "resample"]
-        if len(resample) < 2:
-            return False
-        rates = {a.step: _rate(self._arm_rows(a)) for a in resample}
-        saved = list(self.candidates)
-        self.candidates = self._shapley_candidates(rates)
-        size = len(self.candidates)
-        if saved:
-            added = sorted(set(self.candidates) - set(saved))
-            self.notes.append(
-                f"shapley over steps {self.candidates}: the candidates this job chose before "
-                f"it was restarted ({saved})"
-                + (f", and {added} the budget now allows" if added else "")
-            )
-        elif size < len(rates):
-            self.notes.append(
-                f"shapley over the top {size} of {len(rates)} steps by flip-rate "
-                f"({self.candidates}): the budget left allows no more"
-            )
-        planner: ShapleyPlanner[int] = shapley_planner(self.candidates, alpha=self.alpha)
-        self.shapley = planner
-        for (stage, key), rows in self.rows_by_arm.items():
-            if stage != "shapley":
-                continue
-            coalition = frozenset(int(k) for k in key.split(",") if k)
-            if coalition <= set(self.candidates):
-                for row in rows:
-                    if row["outcome"] is not None:
-                        # The fork's seed: forks sharing it are one cluster (common randomness).
-                        seed = ForkSpec.model_validate_json(row["spec"]).seed
-                        planner.update(coalition, float(is_bad(row["outcome"])), seed=seed)
-
-        def on_row(row: dict[str, Any]) -> None:
-            spec = ForkSpec.model_validate_json(row["spec"])
-            coalition = frozenset(spec.interventions)
-            if row["outcome"] is None:
-                planner.cancel(coalition)
-            else:
-                planner.update(coalition, float(is_bad(row["outcome"])), seed=spec.seed)
-
-        def on_unrun(spec: ForkSpec) -> None:
-            planner.cancel(frozenset(spec.interventions))
-
-        def next_batch(room: int) -> list[tuple[str, ForkSpec]] | None:
-            estimates = planner.estimates()
-            measured = planner.counts
-            if len(measured) == 2 ** len(self.candidates) and all(
-                (a.phi.high - a.phi.low) / 2 <= self.spec.target_half_width
-                for a in estimates.steps.values()
-            ):
-                return None
-            out = []
-            for coalition in planner.next_coalitions(room):
-                key = ",".join(map(str, sorted(coalition)))
-                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-                out.append(("shapley", self._spec("shapley", key, plan, "pinned")))
-            return out
-
-        return self._run(next_batch, on_row, on_unrun)
 
     def _shapley_candidates(self, rates: dict[int, float]) -> list[int]:
         """As many steps (by flip-rate, at most ten) as the budget can give every coalition a
@@ -1196,6 +628,8 @@ class Scheduler:
     # -- aggregate ----------------------------------------------------------------------------
 
     def _finish(self) -> JobOutcome:
+        if self.screen is not None:  # the held screen and Shapley ran: what they found
+            self.notes.extend(held_notes(self))
         # Each fork once, by its last row (a provider failure that was run again is not a
         # failed fork), and the forks given up.
         final = Counter(r["status"] for r in self.rows_by_task.values())
@@ -1217,11 +651,11 @@ class Scheduler:
                 f"{self.progress.provider_errors} forks failed at the provider and were run "
                 "again (status provider_error: never scored)"
             )
-        self._stage("aggregate")
+        self.enter("aggregate")
         self.progress.in_flight = 0  # every fork asked for has settled or been given up
         self.sink.flush()
         rows = [self._stamped(r) for r in self.aggregate()]
-        self._tick()
+        self.tick()
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress)
 
     def _stamped(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -1379,15 +813,6 @@ class Scheduler:
         return sorted(out, key=_table_order)
 
 
-def _observe(shap: SeedShapley, seed: int, coalition: frozenset[int], row: dict[str, Any]) -> None:
-    scored = row["outcome"] is not None
-    shap.observe(seed, coalition, row["flipped"] if scored else None, row["first_deviation"])
-
-
-def _ignore(row: dict[str, Any]) -> None:
-    return None
-
-
 def _interval(name: str, e: Interval) -> dict[str, Any]:
     return {name: e.value, f"{name}_lo": e.low, f"{name}_hi": e.high, f"{name}_n": e.n}
 
@@ -1406,11 +831,6 @@ def _table_order(r: dict[str, Any]) -> tuple[bool, str, int, int]:
     """Re-drawn steps first (the steps to fix, by blame), then each other kind; by rank."""
     rank = r["rank"] if r["rank"] is not None else 1 << 30
     return (r["intervention"] != "resample", r["intervention"], rank, r["step"])
-
-
-def _rate(rows: list[dict[str, Any]]) -> float:
-    known = [r for r in rows if r["flipped"] is not None]
-    return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
 
 
 def _counter(stage: str, arm_key: str) -> tuple[str, str]:
@@ -1433,27 +853,3 @@ def _seed_key(stage: str, arm_key: str) -> str:
     all of them see the same few draws (measured on the demo: every coalition holding the
     decision step saw seeds 0-2 only, and phi collapsed toward zero with a tiny variance)."""
     return "all" if stage in ("shapley", "controls") else arm_key
-
-
-def _arm_key(stage: str, spec: ForkSpec) -> str:
-    """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
-    if stage == "shapley":
-        return ",".join(map(str, sorted(spec.interventions)))
-    if stage == "controls":
-        if not spec.interventions:
-            return "held" if spec.tail == "held" else "pinned"
-        return "base"
-    if stage == "screen" and spec.tail == "held":
-        return "block"
-    ((step, iv),) = spec.interventions.items()
-    return f"{iv.kind}@{step}"
-
-
-def _leader_text(races: dict[str, Race[str]]) -> str:
-    parts = []
-    for kind, race in races.items():
-        leader = race.leader()
-        if leader is not None:
-            lo, hi = race.interval(leader)
-            parts.append(f"{kind}: {leader} [{lo:.2f}, {hi:.2f}]")
-    return "; ".join(parts)

@@ -3,7 +3,7 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 
 from __future__ import annotations
 
-from ._local import run_local, run_local_scheduler
+from ._local import local_scheduler, run_local, run_local_scheduler
 from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "Solver",
     "StepTruth",
     "Truth",
+    "local_scheduler",
     "run_local",
     "run_local_scheduler",
     "sim_runner",

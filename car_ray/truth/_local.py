@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..execute import LocalExecutor, MemorySink
+from ..execute import Executor, LocalExecutor, MemorySink, RowSink
 from ..job import Job
 from ..providers import PriceTable
 from ..schedule import Budget, JobOutcome, Scheduler, job_id_of
@@ -27,16 +27,24 @@ def run_local_scheduler(
     executor = LocalExecutor(sim_runner(job, tape))
     sink = MemorySink()
     try:
-        scheduler = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=budget,
-            prices=PriceTable.load(None),
-        )
+        scheduler = local_scheduler(job, tape, budget, executor, sink)
         outcome = scheduler.run()
     finally:
         executor.shutdown()
     return outcome, sink.rows, scheduler
+
+
+def local_scheduler(
+    job: Job, tape: Tape, budget: Budget, executor: Executor, sink: RowSink
+) -> Scheduler:
+    """The scheduler of `job` on `tape` over `executor` into `sink`, at the default prices:
+    `run_local`'s, or one of many jobs in one `RunLoop`."""
+    return Scheduler(
+        job,
+        tape,
+        job_id=job_id_of(job, tape),
+        executor=executor,
+        sink=sink,
+        budget=budget,
+        prices=PriceTable.load(None),
+    )

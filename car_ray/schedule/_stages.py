@@ -1,0 +1,694 @@
+"""A job's stages: each one small class with the shape of Ray Tune's `Searcher`.
+
+`suggest(room)` gives up to `room` forks to run next, `[]` while it waits for rows of forks in
+flight, `None` when it is done; `observe(row)` takes each row of its forks (and rows an earlier
+run of the job wrote, for the forks it asks for again); `unrun(spec)` says a fork it asked for
+will not run (the budget refused it, or its provider kept failing); `done(exhausted)` is called
+once nothing of it is in flight, and says what comes next (`Next`). A job's plan is an ordered
+list of stages (`Scheduler.plan`); the run loop (`_loop.RunLoop`) drives it.
+
+Stages keep their statistics on the job (`Scheduler`): the screen, the Shapley estimators and
+the rows by arm are what the job's table is aggregated from, and what a later stage reads.
+A new stage is a class here and a line in `Scheduler.plan`."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import structlog
+
+from ..execute import Row
+from ..replay import ForkSpec, Intervention, Resample, SwapPolicy, Tail, is_bad
+from ._estimators import Race, ShapleyPlanner, shapley_planner
+from ._mechanism import DeviationScreen, SeedShapley
+
+if TYPE_CHECKING:
+    from ._plan import Scheduler
+
+log = structlog.get_logger("car_ray.schedule")
+
+Fork = tuple[str, ForkSpec]  # (stage name, spec): what a stage suggests
+
+CONTROL_HINT = (
+    "the agent is not deterministic under replay. Usual causes: a client or cache shared "
+    "across concurrent runs (a module-level SDK client, a global conversation list), ids or "
+    "timestamps in request bodies not taken from ctx.now / ctx.uuid4, randomness not from "
+    "ctx.random. Check: `car-ray fork TAPE --job JOB.toml --step 0 --tail pinned` twice; "
+    "both rows must show the tape's outcome and no divergence"
+)
+CONTROL_FORKS = 4
+BASE_RATE_FORKS = 8
+SCREEN_FORKS = 4
+RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
+# The screen clears steps lazily. Its first pass stops at SCREEN_FIRST clean re-draws a step
+# (a step leaving the tape 30% of the time is missed 6% of the time, and a later pass may
+# still find it); Shapley then runs over what it found, and the screen goes on only while a
+# step it has not found could still outrank the top: until every such step's deviation
+# bound is below the top's phi_lo (at most SCREEN_MOST re-draws). When nothing makes a choice
+# the screen clears to SCREEN_CLEAN (a step leaving the tape 20% of the time is missed 1.2%).
+SCREEN_FIRST = 8
+SCREEN_CLEAN = 20
+SCREEN_MOST = 60
+# Shapley seeds of the held game are fork seeds from here on (of the attribution's 2^32): the
+# screen's forks count from 0 and pick the candidates, so Shapley seeds that were the screen's
+# would see every step it found leave the tape (a selection bias toward the found steps).
+SHAPLEY_SEEDS = 1 << 31
+SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
+ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
+UNSCORED = frozenset({"divergence", "error", "provider_error"})
+
+
+@dataclass(frozen=True)
+class Next:
+    """What follows a stage: `then` runs before the rest of the plan; `end` ends the job now
+    with that status. A stage that ended with the budget spent and says nothing ends the job
+    `budget_exhausted`."""
+
+    then: tuple[Stage, ...] = ()
+    end: str | None = None
+
+
+class Stage(Protocol):
+    name: str
+
+    def start(self) -> None: ...
+
+    def suggest(self, room: int) -> list[Fork] | None: ...
+
+    def observe(self, row: Row) -> None: ...
+
+    def unrun(self, spec: ForkSpec) -> None: ...
+
+    def done(self, exhausted: bool) -> Next: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+
+class BaseStage:
+    """Defaults: entering the stage starts its clock (`Scheduler.enter`); rows and unrun
+    forks change nothing; the job goes on to the next stage."""
+
+    name = ""
+
+    def __init__(self, job: Scheduler) -> None:
+        self.job = job
+
+    def start(self) -> None:
+        self.job.enter(self.name)
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        return None
+
+    def observe(self, row: Row) -> None:
+        return None
+
+    def unrun(self, spec: ForkSpec) -> None:
+        return None
+
+    def done(self, exhausted: bool) -> Next:
+        return Next()
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+
+class Listed(BaseStage):
+    """A stage whose forks are a list fixed when it starts (`forks`), `room` at a time."""
+
+    def start(self) -> None:
+        super().start()
+        self._given = self.forks()
+
+    def forks(self) -> Iterator[Fork]:
+        return iter(())
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        return list(itertools.islice(self._given, room)) or None
+
+
+# -- method "auto": the held mechanism ------------------------------------------------------------
+
+
+class HeldControl(Listed):
+    """The negative control: nothing intervened, every step held. It must reproduce the
+    recorded outcome (with a seed-honouring provider it is the replay: no live call)."""
+
+    name = "controls"
+
+    def forks(self) -> Iterator[Fork]:
+        return iter([("controls", self.job._spec("controls", "held", {}, "held", 0))])
+
+    def done(self, exhausted: bool) -> Next:
+        job = self.job
+        rows = [r for _, r in job._rows("controls", "held")]
+        bad = [r for r in rows if r["outcome"] != r["recorded_outcome"]]
+        # A control that never ran (its provider failed every try) controls nothing.
+        missing = not rows and not exhausted
+        if missing or bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in rows):
+            job.control_failed = True
+            what = (
+                rows[0]["divergence"] or rows[0]["error"]
+                if rows
+                else "it never ran: its provider failed every try"
+            )
+            job.notes.append(
+                "NEGATIVE CONTROL FAILED: the fork that changes nothing did not reproduce the "
+                f"recorded outcome{f' ({what})' if what else ''}; {CONTROL_HINT}"
+            )
+            log.warning("control_failed", status=rows[0]["status"] if rows else None)
+        if exhausted:
+            return Next(end="budget_exhausted")
+        # Every fork after it would measure the nondeterminism, not the steps.
+        return Next(end="control_failed") if job.control_failed else Next()
+
+
+class HeldArms(Listed):
+    """Every other arm (observation, action, context, policy) with a held tail: one fork
+    when the provider honours seeds and the fork draws nothing fresh (it is then exact),
+    ARM_FORKS otherwise."""
+
+    name = "arms"
+
+    def forks(self) -> Iterator[Fork]:
+        job = self.job
+        for arm in job.arms:
+            if arm.kind == "resample":
+                continue
+            exact = job.honours_seed and not isinstance(arm.intervention, SwapPolicy)
+            for j in range(1 if exact else ARM_FORKS):
+                plan = {arm.step: arm.intervention}
+                yield ("arms", job._spec("arms", arm.key, plan, "held", j))
+
+
+def screen_forks(job: Scheduler, room: int, pending: int) -> list[Fork]:
+    """Up to `room` forks of the screen's block (at most SCREEN_IN_FLIGHT in flight)."""
+    assert job.screen is not None
+    block = job.screen.block()
+    if not block:
+        return []
+    plan: dict[int, Intervention] = {k: Resample() for k in block}
+    n = max(0, min(room, SCREEN_IN_FLIGHT - pending))
+    return [("screen", job._spec("screen", "block", plan, "held")) for _ in range(n)]
+
+
+class HeldScreen(BaseStage):
+    """Which steps ever choose differently: blocks of steps re-drawn together, held tail
+    (see `DeviationScreen`), until every step not found has its clean draws. Hands over to
+    `HeldShapley` over the steps it found; with none found, screens again to SCREEN_CLEAN
+    before it says no step makes a choice."""
+
+    name = "screen"
+
+    def start(self) -> None:
+        job = self.job
+        if job.screen is None:
+            steps = [a.step for a in job.arms if a.kind == "resample"]
+            job.screen = DeviationScreen(steps, clean_needed=SCREEN_FIRST)
+            for spec, row in job._rows("screen", "held"):
+                if row["outcome"] is not None:
+                    job.screen.observe(sorted(spec.interventions), row["first_deviation"])
+        super().start()
+        self.pending = 0
+
+    @property
+    def screen(self) -> DeviationScreen:
+        assert self.job.screen is not None
+        return self.job.screen
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        if self.screen.done():
+            return None
+        out = screen_forks(self.job, room, self.pending)
+        self.pending += len(out)
+        return out
+
+    def observe(self, row: Row) -> None:
+        self.pending -= 1
+        if row["outcome"] is not None:
+            spec = ForkSpec.model_validate_json(row["spec"])
+            self.screen.observe(sorted(spec.interventions), row["first_deviation"])
+
+    def unrun(self, spec: ForkSpec) -> None:
+        self.pending -= 1
+
+    def done(self, exhausted: bool) -> Next:
+        if exhausted:
+            return Next(end="budget_exhausted")
+        screen = self.screen
+        if screen.candidates:
+            return Next(then=(HeldShapley(self.job),))
+        if screen.clean_needed >= SCREEN_CLEAN:
+            self.job.verdict = ("separated", [])
+            return Next()
+        # Nothing found yet: clear every step to SCREEN_CLEAN before saying so.
+        screen.clean_needed = SCREEN_CLEAN
+        return Next(then=(HeldScreen(self.job),))
+
+    def state(self) -> dict[str, Any]:
+        return {"candidates": self.screen.candidates, "clean_needed": self.screen.clean_needed}
+
+
+class HeldShapley(BaseStage):
+    """Shapley blame over the steps the screen found, one seed at a time (see
+    `SeedShapley`), until the top cause is separated or the intervals are precise, with
+    the screen's clearance behind the verdict: every step the screen has not found has
+    a deviation bound (which bounds its |phi|) below the top's phi_lo, or below the
+    target half-width when the verdict is "precise". While it is not, each fork goes
+    where it narrows that gap most: a screen fork lowers the bound, a Shapley seed
+    raises phi_lo. When the screen finds another step, Shapley starts over (a new
+    `HeldShapley` over the steps found)."""
+
+    name = "shapley"
+
+    def start(self) -> None:
+        super().start()
+        job = self.job
+        assert job.screen is not None
+        self.screen = job.screen
+        self.found = len(self.screen.candidates)
+        shap = SeedShapley(self.screen.candidates, job.alpha, salt=str(job.spec.attribution_seed))
+        self.shap = shap
+        job.seed_shapley = shap
+        job.verdict = None
+        job.candidates = list(shap.candidates)
+        coalitions_of: dict[int, set[frozenset[int]]] = {}
+        for spec, row in job._rows("shapley", "held"):
+            seed = self._seed(spec)
+            coalition = frozenset(spec.interventions)
+            if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
+                _observe(shap, seed, coalition, row)
+        self.pending: set[tuple[int, frozenset[int]]] = set()
+        self.screening: set[str] = set()
+        self.per_seed = max(1, len(shap.coalitions(0)))
+        self.target = job.spec.target_half_width
+
+    def _seed(self, spec: ForkSpec) -> int:
+        """Which seed of the Shapley stage a fork belongs to."""
+        return spec.seed - self.job.seed_base - SHAPLEY_SEEDS
+
+    def observe(self, row: Row) -> None:
+        spec = ForkSpec.model_validate_json(row["spec"])
+        if spec.task_id in self.screening:
+            self.screening.discard(spec.task_id)
+            if row["outcome"] is not None:
+                self.screen.observe(sorted(spec.interventions), row["first_deviation"])
+            return
+        seed, coalition = self._seed(spec), frozenset(spec.interventions)
+        self.pending.discard((seed, coalition))
+        _observe(self.shap, seed, coalition, row)
+
+    def unrun(self, spec: ForkSpec) -> None:
+        if spec.task_id in self.screening:
+            self.screening.discard(spec.task_id)
+            return
+        seed, coalition = self._seed(spec), frozenset(spec.interventions)
+        self.pending.discard((seed, coalition))
+        # A seed missing a coalition is incomplete: its other forks are not asked again.
+        self.shap.observe(seed, coalition, None)
+
+    def _seeds(self, room: int) -> list[Fork]:
+        shap, pending = self.shap, self.pending
+        room = min(room, max(2 * self.per_seed, 8) - len(pending))
+        out: list[Fork] = []
+        seed = 0
+        while len(out) < room:
+            first = shap.first(seed)
+            if seed in shap.failed or (seed, first) in pending:
+                # The seed's other coalitions wait for its first: it may settle them.
+                seed += 1
+                continue
+            todo = [first] if not shap.known(seed, first) else shap.coalitions(seed)
+            for coalition in todo:
+                if len(out) >= room:
+                    break
+                if shap.known(seed, coalition) or (seed, coalition) in pending:
+                    continue
+                pending.add((seed, coalition))
+                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                key = ",".join(map(str, sorted(coalition)))
+                fork_seed = SHAPLEY_SEEDS + seed
+                out.append(("shapley", self.job._spec("shapley", key, plan, "held", fork_seed)))
+            seed += 1
+        return out
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        shap, screen = self.shap, self.screen
+        if screen.candidates != shap.candidates:
+            return None  # the screen found another step: Shapley starts over
+        verdict = shap.verdict(self.target)
+        if verdict is None or not self._may_stop():
+            return self._seeds(room)
+        if self._stands(verdict):
+            self.job.verdict = verdict
+            return None
+        if self._screen_gain() >= self._seed_gain(verdict):
+            out = screen_forks(self.job, room, len(self.screening))
+            self.screening.update(spec.task_id for _, spec in out)
+            return out
+        return self._seeds(room)
+
+    def done(self, exhausted: bool) -> Next:
+        shap, screen, job = self.shap, self.screen, self.job
+        if exhausted:
+            if screen.candidates == shap.candidates:
+                # The budget ended: the verdict of every fork it paid for may stand all the
+                # same, and is then the job's answer.
+                verdict = shap.verdict(self.target)
+                if verdict is not None and self._may_stop() and self._stands(verdict):
+                    job.verdict = verdict
+            return Next(end="complete" if job.verdict is not None else "budget_exhausted")
+        if len(screen.candidates) == self.found:
+            return Next()
+        return Next(then=(HeldShapley(job),))
+
+    def state(self) -> dict[str, Any]:
+        return {"candidates": self.shap.candidates, "seeds": len(self.shap.complete_seeds())}
+
+    def _stands(self, verdict: tuple[str, list[int]]) -> bool:
+        """Whether Shapley's verdict has the screen's clearance behind it: every step not
+        found has a deviation bound below what the verdict needs (`_clearance`), or was
+        screened as far as the screen goes (SCREEN_MOST). If not, the screen is asked for
+        the clean draws that would do."""
+        screen, alpha = self.screen, self.job.alpha
+        if not verdict[1]:
+            return True
+        need = self._clearance(verdict)
+        bound = max((screen.deviation_bound(k, alpha) for k in self._unfound()), default=0)
+        if bound < need:
+            return True
+        clean = DeviationScreen.clean_for(need, alpha) if need > 0 else SCREEN_MOST
+        screen.clean_needed = min(SCREEN_MOST, clean)
+        return screen.done()
+
+    def _unfound(self) -> list[int]:
+        """The resample steps the screen has not seen leave the tape."""
+        return [k for k in self.screen.steps if k not in self.screen.hits]
+
+    def _clearance(self, verdict: tuple[str, list[int]]) -> float:
+        """The deviation bound a step not found must be below for `verdict` to stand."""
+        if verdict[0] != "separated":
+            return self.target
+        estimates = self.shap.estimates()
+        return max(0.0, min(estimates[k][0].low or 0.0 for k in verdict[1]))
+
+    def _screen_gain(self) -> float:
+        """How much one more screen fork lowers the largest deviation bound of a step not
+        found."""
+        n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
+        bound = DeviationScreen.bound_after
+        return bound(n, self.job.alpha) - bound(n + 1, self.job.alpha)
+
+    def _seed_gain(self, verdict: tuple[str, list[int]]) -> float:
+        """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
+        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition).
+        A "precise" verdict waits on the bound alone: seeds do not help it."""
+        if verdict[0] != "separated":
+            return 0.0
+        shap = self.shap
+        estimates = shap.estimates()
+        seeds = max(1, len(shap.complete_seeds()))
+        half = max(estimates[k][0].half_width for k in verdict[1])
+        if half == float("inf"):
+            return float("inf")
+        return half / (2 * seeds) / max(1.0, shap.forks_per_seed())
+
+    def _may_stop(self) -> bool:
+        """Whether a verdict ends the Shapley stage: always, unless the job's `precise_only`
+        (`--more`) asks for every phi interval within the target (a separated top is not
+        enough then)."""
+        if not self.job.precise_only:
+            return True
+        return all(phi.half_width <= self.target for phi, _, _ in self.shap.estimates().values())
+
+
+def held_notes(job: Scheduler) -> list[str]:
+    """What the screen and Shapley found, for the job's notes (once they have run)."""
+    screen = job.screen
+    assert screen is not None
+    notes = []
+    if screen.strays:
+        notes.append(
+            f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
+            "(nondeterminism outside the context's seams?)"
+        )
+    notes.append(
+        f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
+    )
+    shap = job.seed_shapley
+    n = len(shap.complete_seeds()) if shap is not None else 0
+    if job.verdict is None:
+        notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
+    elif job.verdict[1]:
+        notes.append(
+            f"shapley: {n} seeds; top cause {job.verdict[1]} {job.verdict[0]} at "
+            f"{job.spec.confidence:.0%}"
+        )
+    else:
+        notes.append("shapley: no step makes a choice that could change the outcome")
+    return notes
+
+
+def _observe(shap: SeedShapley, seed: int, coalition: frozenset[int], row: Row) -> None:
+    scored = row["outcome"] is not None
+    shap.observe(seed, coalition, row["flipped"] if scored else None, row["first_deviation"])
+
+
+# -- method "uniform" -----------------------------------------------------------------------------
+
+
+class Uniform(Listed):
+    """The uniform scheme: `forks_per_step` forks of every arm, one tail for all."""
+
+    name = "uniform"
+
+    def forks(self) -> Iterator[Fork]:
+        job = self.job
+        k, tail = job.spec.forks_per_step, job.spec.uniform_tail
+        for j in range(k):
+            for arm in job.arms:
+                plan = {arm.step: arm.intervention}
+                yield ("uniform", job._spec("uniform", arm.key, plan, tail, j))
+
+
+# -- methods "flip" and "shapley": live tails, the older definitions ------------------------------
+
+
+class Controls(Listed):
+    """Pinned-everything forks (they must reproduce the recorded outcome) and the base rate
+    with everything re-drawn."""
+
+    name = "controls"
+
+    def forks(self) -> Iterator[Fork]:
+        job = self.job
+        all_steps: dict[int, Intervention] = {k: Resample() for k in range(len(job.steps))}
+        plan: list[tuple[str, dict[int, Intervention], Tail, int]] = [
+            ("pinned", {}, "pinned", j) for j in range(CONTROL_FORKS)
+        ] + [("base", all_steps, "live", j) for j in range(BASE_RATE_FORKS)]
+        for key, p, tail, seed in plan:
+            yield ("controls", job._spec("controls", key, dict(p), tail, seed))
+
+    def done(self, exhausted: bool) -> Next:
+        job = self.job
+        pinned = job.rows_by_arm[("controls", "pinned")]
+        bad = [r for r in pinned if r["outcome"] != r["recorded_outcome"]]
+        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in pinned):
+            job.control_failed = True
+            job.notes.append(
+                f"NEGATIVE CONTROL FAILED: {len(bad)} of {len(pinned)} pinned-everything forks "
+                f"did not reproduce the recorded outcome; {CONTROL_HINT}"
+            )
+            log.warning("control_failed", failures=len(bad))
+        base = [r for r in job.rows_by_arm[("controls", "base")] if r["outcome"] is not None]
+        if base:
+            rate = sum(is_bad(r["outcome"]) for r in base) / len(base)
+            job.notes.append(
+                f"base rate (everything re-drawn): {rate:.2f} bad over {len(base)} forks"
+            )
+        return Next(end="control_failed") if job.control_failed else Next()
+
+
+class FlipScreen(Listed):
+    """SCREEN_FORKS forks of every arm with a live tail (seeds 0..): the race's start."""
+
+    name = "screen"
+
+    def forks(self) -> Iterator[Fork]:
+        job = self.job
+        for seed in range(SCREEN_FORKS):
+            for arm in job.arms:
+                plan = {arm.step: arm.intervention}
+                yield ("screen", job._spec("screen", arm.key, plan, "live", seed))
+
+
+class FlipRace(BaseStage):
+    """A race per intervention kind for the arm with the highest flip-rate (`Race`), going
+    on from the screen's seeds, within its share of the budget."""
+
+    name = "race"
+
+    def start(self) -> None:
+        super().start()
+        job = self.job
+        self.by_key = {arm.key: arm for arm in job.arms}
+        for arm in job.arms:
+            race = job.races.setdefault(
+                arm.kind, Race([a.key for a in job.arms if a.kind == arm.kind], alpha=job.alpha)
+            )
+            for row in job._arm_rows(arm):
+                if row["flipped"] is not None:
+                    race.update(arm.key, float(row["flipped"]))
+        # With Shapley to follow, the race keeps to its share; alone, it may use it all.
+        self.quota = job._quota(RACE_SHARE if job.spec.method == "auto" else 1.0)
+        self.sent = 0
+
+    def observe(self, row: Row) -> None:
+        key = arm_key_of("race", ForkSpec.model_validate_json(row["spec"]))
+        race = self.job.races[self.by_key[key].kind]
+        if row["flipped"] is None:
+            race.cancel(key)
+        else:
+            race.update(key, float(row["flipped"]))
+        self.job.progress.leader = _leader_text(self.job.races)
+
+    def unrun(self, spec: ForkSpec) -> None:
+        key = arm_key_of("race", spec)
+        self.job.races[self.by_key[key].kind].cancel(key)
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        job, quota = self.job, self.quota
+        target = job.spec.target_half_width
+        open_races = [r for r in job.races.values() if r.done(target) is None]
+        if not open_races or self.sent >= quota:
+            return None
+        out: list[Fork] = []
+        for race in open_races:
+            for key in race.next_arms(max(1, min(room, quota - self.sent) // len(open_races))):
+                arm = self.by_key[key]
+                out.append(("race", job._spec("race", key, {arm.step: arm.intervention}, "live")))
+                self.sent += 1
+        return out
+
+    def done(self, exhausted: bool) -> Next:
+        job = self.job
+        for kind, race in job.races.items():
+            verdict = race.done(job.spec.target_half_width)
+            leader = race.leader()
+            job.notes.append(
+                f"race ({kind}): "
+                + (
+                    f"{verdict}, leader {leader}"
+                    if verdict
+                    else "stopped by its share of the budget"
+                )
+            )
+        return Next()
+
+
+class PinnedShapley(BaseStage):
+    """Shapley values of the pinned game over the steps with the highest flip-rates, as many
+    as the budget allows (`Scheduler._shapley_candidates`), Neyman-allocated coalitions."""
+
+    name = "shapley"
+
+    def start(self) -> None:
+        super().start()
+        job = self.job
+        self.planner: ShapleyPlanner[int] | None = None
+        resample = [a for a in job.arms if a.kind == "resample"]
+        if len(resample) < 2:
+            return
+        rates = {a.step: _rate(job._arm_rows(a)) for a in resample}
+        saved = list(job.candidates)
+        job.candidates = job._shapley_candidates(rates)
+        size = len(job.candidates)
+        if saved:
+            added = sorted(set(job.candidates) - set(saved))
+            job.notes.append(
+                f"shapley over steps {job.candidates}: the candidates this job chose before "
+                f"it was restarted ({saved})"
+                + (f", and {added} the budget now allows" if added else "")
+            )
+        elif size < len(rates):
+            job.notes.append(
+                f"shapley over the top {size} of {len(rates)} steps by flip-rate "
+                f"({job.candidates}): the budget left allows no more"
+            )
+        planner: ShapleyPlanner[int] = shapley_planner(job.candidates, alpha=job.alpha)
+        self.planner = job.shapley = planner
+        for (stage, key), rows in job.rows_by_arm.items():
+            if stage != "shapley":
+                continue
+            coalition = frozenset(int(k) for k in key.split(",") if k)
+            if coalition <= set(job.candidates):
+                for row in rows:
+                    if row["outcome"] is not None:
+                        # The fork's seed: forks sharing it are one cluster (common randomness).
+                        seed = ForkSpec.model_validate_json(row["spec"]).seed
+                        planner.update(coalition, float(is_bad(row["outcome"])), seed=seed)
+
+    def observe(self, row: Row) -> None:
+        assert self.planner is not None
+        spec = ForkSpec.model_validate_json(row["spec"])
+        coalition = frozenset(spec.interventions)
+        if row["outcome"] is None:
+            self.planner.cancel(coalition)
+        else:
+            self.planner.update(coalition, float(is_bad(row["outcome"])), seed=spec.seed)
+
+    def unrun(self, spec: ForkSpec) -> None:
+        assert self.planner is not None
+        self.planner.cancel(frozenset(spec.interventions))
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        planner, job = self.planner, self.job
+        if planner is None:
+            return None  # fewer than two steps to share blame between
+        estimates = planner.estimates()
+        measured = planner.counts
+        if len(measured) == 2 ** len(job.candidates) and all(
+            (a.phi.high - a.phi.low) / 2 <= job.spec.target_half_width
+            for a in estimates.steps.values()
+        ):
+            return None
+        out = []
+        for coalition in planner.next_coalitions(room):
+            key = ",".join(map(str, sorted(coalition)))
+            plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+            out.append(("shapley", job._spec("shapley", key, plan, "pinned")))
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {"candidates": list(self.job.candidates)}
+
+
+def _rate(rows: list[Row]) -> float:
+    known = [r for r in rows if r["flipped"] is not None]
+    return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
+
+
+def arm_key_of(stage: str, spec: ForkSpec) -> str:
+    """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
+    if stage == "shapley":
+        return ",".join(map(str, sorted(spec.interventions)))
+    if stage == "controls":
+        if not spec.interventions:
+            return "held" if spec.tail == "held" else "pinned"
+        return "base"
+    if stage == "screen" and spec.tail == "held":
+        return "block"
+    ((step, iv),) = spec.interventions.items()
+    return f"{iv.kind}@{step}"
+
+
+def _leader_text(races: dict[str, Race[str]]) -> str:
+    parts = []
+    for kind, race in races.items():
+        leader = race.leader()
+        if leader is not None:
+            lo, hi = race.interval(leader)
+            parts.append(f"{kind}: {leader} [{lo:.2f}, {hi:.2f}]")
+    return "; ".join(parts)
