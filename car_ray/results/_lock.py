@@ -150,7 +150,8 @@ def _live(lease: dict[str, Any]) -> bool:
 
 
 @contextmanager
-def _lease(job: JobDir, lease_s: float = LEASE_S) -> Iterator[Held]:
+def _lease(job: JobDir) -> Iterator[Held]:
+    lease_s = LEASE_S
     where = job.join(LOCK_FILE)
     mine = {"owner": uuid.uuid4().hex, **_me(), "lease_s": lease_s}
 
