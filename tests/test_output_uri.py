@@ -5,6 +5,7 @@ write to it; pyarrow reads their output back as one dataset; a killed driver res
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
@@ -20,7 +21,11 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
+from rich.console import Console
+from typer.testing import CliRunner
 
+from car_ray.attribute import attribute, find_job
+from car_ray.cli import app
 from car_ray.job import load_job
 from car_ray.results import (
     ForkSink,
@@ -34,9 +39,9 @@ from car_ray.results import (
 )
 from car_ray.results._output import staging_folder
 from car_ray.schedule import job_id_of
-from car_ray.tape import load_tape
+from car_ray.tape import Tape, load_tape
 
-from .conftest import ROOT, attribute_command, start_attribute, support_job_file
+from .conftest import ROOT, SUPPORT_JOB, attribute_command, start_attribute, support_job_file
 
 BUCKET = "car-ray-test"
 
@@ -128,51 +133,53 @@ def _job_id(job_file: Path, tape: Path) -> str:
 
 
 def test_an_attribution_on_s3_reads_as_one_dataset_shows_and_resumes(
-    s3: pafs.S3FileSystem, tmp_path: Path, demo_tape_path: Path
+    s3: pafs.S3FileSystem, ray_local: None, support_tape: Tape
 ) -> None:
-    job_file = support_job_file(tmp_path / "job", demo_tape_path)
+    job = load_job(SUPPORT_JOB)
     out = f"s3://{BUCKET}/run"
-    job_id = _job_id(job_file, demo_tape_path)
+    job_id = job_id_of(job, support_tape)
     folder = f"{BUCKET}/run/{job_id}"
 
-    first = _car_ray("attribute", str(job_file), "--out", out, "--max-forks", "20")
-    assert first.returncode in (0, 1), first.stderr[-3000:]
+    first = Console(file=io.StringIO(), width=200)
+    attribute(job, tape=support_tape, out=out, max_forks=20, console=first)
     rows = _forks(s3, folder)
     assert rows and len(rows) <= 20
     assert _job_json(s3, folder)["runs"] == 1
 
     # The same job with a larger cap resumes on the same URI: no fork runs twice.
-    second = _car_ray("attribute", str(job_file), "--out", out, "--max-forks", "40")
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert f"resuming: {len(rows)} rows on disk" in second.stdout
-    assert f"results: s3://{BUCKET}/run/{job_id}/forks/*.parquet" in second.stdout
+    second = Console(file=io.StringIO(), width=200)
+    where, outcome = attribute(job, tape=support_tape, out=out, max_forks=40, console=second)
+    assert where == f"{out}/{job_id}"
+    assert f"resuming: {len(rows)} rows on disk" in second.file.getvalue()
     after = _forks(s3, folder)
     ids = [r["task_id"] for r in after]
     assert len(ids) == len(set(ids)), "a fork was written twice"
     assert {r["task_id"] for r in rows} < set(ids)
     info = _job_json(s3, folder)
     assert info["runs"] == 2 and info["resumed_rows"] == len(rows)
+    assert info["status"] == outcome.status
     assert info["ledger"]["spent"]["forks"] <= 40
     # The attribution table is an object beside the parts, read as it is.
     with s3.open_input_file(f"{folder}/attribution.parquet") as f:
         attribution = pq.read_table(f).to_pylist()
     assert {r["job_id"] for r in attribution} == {job_id}
+    assert len(attribution) == len(outcome.attribution)
     assert s3.get_file_info(f"{folder}/report.html").size > 100_000
     # Nothing left behind: no lock object, no temporary object, no staging journal.
     names = {i.base_name for i in s3.get_file_info(pafs.FileSelector(folder, recursive=True))}
     assert "run.lock" not in names and not any(n.endswith(".tmp") for n in names)
     assert not os.path.exists(staging_folder(JobDir.of(out, job_id)))
 
-    # `show` reads the job back from the URI, by folder or by job id under --out.
-    shown_ = _car_ray("show", f"{out}/{job_id}")
-    assert shown_.returncode == 0, shown_.stderr[-3000:]
-    assert second.stdout.strip().splitlines()[-1] == shown_.stdout.strip().splitlines()[-1]
-    by_id = _car_ray("show", job_id[:12], "--out", out, "--json")
-    assert by_id.returncode == 0, by_id.stderr[-3000:]
-    summary = json.loads(by_id.stdout)
+    # `show` reads the job back from the URI: the verdict the run ended with.
+    shown_ = CliRunner().invoke(app, ["show", f"{out}/{job_id}", "--json"])
+    assert shown_.exit_code == 0, shown_.output
+    summary = json.loads(shown_.stdout)
     assert summary["folder"] == f"{out}/{job_id}" and summary["job_id"] == job_id
+    assert summary["verdict"] == info["verdict"]
+    # A job id (or a prefix of it) is looked up under an --out URI as under a folder.
+    assert find_job(job_id[:12], out) == f"{out}/{job_id}"
     # No secret of the environment reaches what car-ray printed.
-    for text in (first.stdout, first.stderr, second.stdout, second.stderr, shown_.stdout):
+    for text in (first.file.getvalue(), second.file.getvalue(), shown_.output):
         assert os.environ["AWS_SECRET_ACCESS_KEY"] not in text
 
 
@@ -180,7 +187,7 @@ def test_a_driver_killed_mid_run_on_s3_resumes_with_no_flushed_row_lost(
     s3: pafs.S3FileSystem, tmp_path: Path, demo_tape_path: Path
 ) -> None:
     job_file = support_job_file(
-        tmp_path / "job", demo_tape_path, sim_latency_ms="30", max_forks="300"
+        tmp_path / "job", demo_tape_path, sim_latency_ms="30", max_forks="120"
     )
     out = f"s3://{BUCKET}/killed"
     job_id = _job_id(job_file, demo_tape_path)
@@ -192,11 +199,11 @@ def test_a_driver_killed_mid_run_on_s3_resumes_with_no_flushed_row_lost(
         written: list[str] = []
         while time.monotonic() < deadline:
             written = [i.path for i in s3.get_file_info(parts) if i.base_name.startswith("part-")]
-            if len(written) >= 2:
+            if written:
                 break
             assert first.poll() is None, first.stderr.read() if first.stderr else ""
             time.sleep(0.1)
-        assert len(written) >= 2, "the first run never wrote two parts"
+        assert written, "the first run never wrote a part"
         os.kill(first.pid, signal.SIGKILL)
         first.wait()
     finally:
@@ -227,7 +234,7 @@ def test_a_driver_killed_mid_run_on_s3_resumes_with_no_flushed_row_lost(
     assert {r["task_id"] for r in before} <= set(ids), "a journaled row is gone"
     final = _job_json(s3, folder)
     assert final["resumed_rows"] == len(before) and final["runs"] == 2
-    assert final["ledger"]["spent"]["forks"] <= 300
+    assert final["ledger"]["spent"]["forks"] <= 120
 
 
 def test_one_run_holds_an_s3_output_and_a_run_that_lost_it_writes_no_part(
