@@ -104,18 +104,6 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "200"}
 
 
-def _car_ray(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "car_ray.cli", *args],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def _forks(s3: pafs.S3FileSystem, folder: str) -> list[dict[str, Any]]:
     """The fork rows as any reader sees them: the Parquet parts under `<folder>/forks` on S3."""
     dataset = pads.dataset(f"{folder}/forks", format="parquet", filesystem=s3)
@@ -271,12 +259,13 @@ def test_one_run_holds_an_s3_output_and_a_run_that_lost_it_writes_no_part(
 
 
 def test_credentials_in_an_output_uri_are_refused_without_being_printed(
-    s3: pafs.S3FileSystem, tmp_path: Path, demo_tape_path: Path
+    s3: pafs.S3FileSystem, tmp_path: Path, demo_tape_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     job_file = support_job_file(tmp_path / "job", demo_tape_path)
-    refused = _car_ray("attribute", str(job_file), "--out", f"s3://AKIAX:hunter2@{BUCKET}/r")
-    assert refused.returncode == 2
-    assert "hunter2" not in refused.stdout + refused.stderr
+    command = ["attribute", str(job_file), "--out", f"s3://AKIAX:hunter2@{BUCKET}/r"]
+    refused = CliRunner().invoke(app, command)
+    assert refused.exit_code == 2
+    assert "hunter2" not in refused.output
     assert "AWS_SECRET_ACCESS_KEY" in refused.stderr
     # Locations: the job id goes before a query; messages print neither query nor user.
     uri = f"s3://{BUCKET}/run?endpoint_override=127.0.0.1:9000&scheme=http"
@@ -284,6 +273,14 @@ def test_credentials_in_an_output_uri_are_refused_without_being_printed(
     assert folder == f"s3://{BUCKET}/run/job-1?endpoint_override=127.0.0.1:9000&scheme=http"
     assert split_job_location(folder) == (uri, "job-1")
     assert shown(folder) == f"s3://{BUCKET}/run/job-1"
+
+    # An endpoint that does not answer is one line that names the output, not a traceback.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    unreachable = CliRunner().invoke(app, ["show", f"s3://{BUCKET}/run/job-1"])
+    assert unreachable.exit_code == 2
+    (line,) = unreachable.stderr.strip().splitlines()
+    assert line.startswith(f"error: cannot reach s3://{BUCKET}/run/job-1: ")
+    assert "AWS_ENDPOINT_URL" in line
 
 
 def _row(job_id: str) -> dict[str, Any]:

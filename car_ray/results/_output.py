@@ -32,6 +32,27 @@ _READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
 
 
 @contextlib.contextmanager
+def reaching(path: str, *, write: bool = False) -> Iterator[None]:
+    """Turn a remote filesystem's error (unreachable, refused, no such bucket) met at `path`
+    into an `OutputError` in one line (a write's says the job resumes); a missing file
+    passes."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        then = (
+            "What the job wrote before is kept (rows not yet on the output stay in this "
+            "machine's staging journal); run the same command again once the output is "
+            "reachable to resume the job."
+            if write
+            else "Check the URI, the endpoint (AWS_ENDPOINT_URL or ?endpoint_override=) and "
+            "the credentials in the environment."
+        )
+        raise OutputError(f"cannot reach {path}: {' '.join(str(exc).split())}. {then}") from exc
+
+
+@contextlib.contextmanager
 def writing(path: str) -> Iterator[None]:
     """Turn a full or read-only disk met while writing `path` into an `OutputError` that says
     so in one line; other errors pass unchanged."""
@@ -69,7 +90,7 @@ def job_location(out: str | Path, job_id: str) -> str:
 def split_job_location(folder: str | Path) -> tuple[str, str]:
     """`(out, job_id)` of a job's folder (`job_location`'s inverse)."""
     if not is_uri(folder):
-        out, job_id = os.path.split(os.path.normpath(folder))
+        out, job_id = os.path.split(os.path.abspath(folder))
         return out, job_id
     parts = urlsplit(str(folder))
     out, _, job_id = parts.path.rstrip("/").rpartition("/")
@@ -181,7 +202,7 @@ class JobDir:
             except FileNotFoundError:
                 return None
         try:
-            with self.fs.open_input_stream(path) as stream:
+            with reaching(path), self.fs.open_input_stream(path) as stream:
                 data: bytes = stream.read()
                 return data
         except FileNotFoundError:
@@ -199,7 +220,7 @@ class JobDir:
         if self.whole_objects:
             # One write of all the bytes, then close: an upload that failed is never
             # completed, so no half object appears under `final`.
-            with self.fs.open_output_stream(final) as stream:
+            with reaching(final, write=True), self.fs.open_output_stream(final) as stream:
                 stream.write(data)
             return
         folder, name = final.rsplit("/", 1)
@@ -259,12 +280,15 @@ class FoundJob:
 
 def has_job(folder: str | Path) -> bool:
     """Whether `folder` (a path or a URI) is a job's output: it holds a job.json."""
+    if not is_uri(folder):
+        return os.path.isfile(os.path.join(folder, "job.json"))
     out, job_id = split_job_location(folder)
     try:
         job = JobDir.of(out, job_id)
-        found: bool = job.info("job.json").type == pafs.FileType.File
-    except (ValueError, OSError):
+    except ValueError:  # not a job id: not a job's folder
         return False
+    with reaching(shown(folder)):
+        found: bool = job.info("job.json").type == pafs.FileType.File
     return found
 
 
