@@ -41,7 +41,14 @@ from car_ray.results._output import staging_folder
 from car_ray.schedule import job_id_of
 from car_ray.tape import Tape, load_tape
 
-from .conftest import ROOT, SUPPORT_JOB, attribute_command, start_attribute, support_job_file
+from .conftest import (
+    ROOT,
+    SUPPORT_JOB,
+    attribute_command,
+    start_attribute,
+    stop_session,
+    support_job_file,
+)
 
 BUCKET = "car-ray-test"
 
@@ -92,12 +99,7 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pafs.S3FileSystem]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, signal.SIGKILL)
+        stop_session(server, timeout_s=10)
 
 
 def _env() -> dict[str, str]:
