@@ -184,7 +184,7 @@ def _lease(job: JobDir) -> Iterator[Held]:
                     log.error("output_lease_lost", lock=where)
                     return
                 write()
-            except OSError as exc:
+            except (OSError, OutputError) as exc:  # OutputError: the store did not answer
                 # The lease runs on: a later renewal may get through before it expires.
                 log.warning("output_lease_not_renewed", lock=where, error=str(exc))
 
@@ -195,7 +195,7 @@ def _lease(job: JobDir) -> Iterator[Held]:
     finally:
         stop.set()
         thread.join()
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, OutputError):
             current = _read_lease(job)
             if current is not None and current["owner"] == mine["owner"]:
                 job.remove(LOCK_FILE)
