@@ -270,6 +270,9 @@ def test_credentials_in_an_output_uri_are_refused_without_being_printed(
     assert refused.exit_code == 2
     assert "hunter2" not in refused.output
     assert "AWS_SECRET_ACCESS_KEY" in refused.stderr
+    show = CliRunner().invoke(app, ["show", f"s3://AKIAX:hunter2@{BUCKET}/r/job-1"])
+    assert show.exit_code == 2 and "hunter2" not in show.output
+    assert "carries credentials" in show.stderr
     # Locations: the job id goes before a query; messages print neither query nor user.
     uri = f"s3://{BUCKET}/run?endpoint_override=127.0.0.1:9000&scheme=http"
     folder = job_location(uri, "job-1")

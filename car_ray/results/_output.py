@@ -282,6 +282,7 @@ def has_job(folder: str | Path) -> bool:
     """Whether `folder` (a path or a URI) is a job's output: it holds a job.json."""
     if not is_uri(folder):
         return os.path.isfile(os.path.join(folder, "job.json"))
+    _check_uri(str(folder))  # credentials in it are refused, not taken for no job
     out, job_id = split_job_location(folder)
     try:
         job = JobDir.of(out, job_id)
