@@ -241,6 +241,16 @@ def test_one_run_holds_an_s3_output_and_a_run_that_lost_it_writes_no_part(
         pass
     assert s3.get_file_info(f"{BUCKET}/lease/job-1/run.lock").type == pafs.FileType.NotFound
 
+    # A lease of another host holds until it expires (its holder may be running there).
+    lease = JobDir.of(out, "job-3")
+    elsewhere = {"owner": "x", "pid": 1, "host": "elsewhere", "since": "then"}
+    lease.write_atomic(json.dumps({**elsewhere, "expires": time.time() + 60}).encode(), "run.lock")
+    with pytest.raises(JobBusy, match="pid 1 on elsewhere, since then"), hold_job(out, "job-3"):
+        pass
+    lease.write_atomic(json.dumps({**elsewhere, "expires": time.time() - 1}).encode(), "run.lock")
+    with hold_job(out, "job-3") as held:
+        held.check()
+
     # A run whose lease was taken over (it could not renew in time) stops writing parts; the
     # rows it took stay in its journal.
     monkeypatch.setattr(_lock, "LEASE_S", 0.6)
