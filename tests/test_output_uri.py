@@ -31,6 +31,7 @@ from car_ray.results import (
     ForkSink,
     JobBusy,
     JobDir,
+    JobInfo,
     _lock,
     hold_job,
     job_location,
@@ -310,3 +311,17 @@ def _row(job_id: str) -> dict[str, Any]:
         "error": None, "fresh_draws": 1, "job_id": job_id, "stage": "race", "spec": "{}",
         "worker": "w", "attempt": 1, "finished_at": datetime.now(UTC),
     }  # fmt: skip
+
+
+def test_a_file_uri_is_a_local_folder_with_its_journal_and_lock(tmp_path: Path) -> None:
+    out = f"file://{tmp_path}/runs"
+    with hold_job(out, "job-1"), ForkSink(out, "job-1", flush_rows=1000) as sink:
+        sink.add(_row("job-1"))
+        # A local folder keeps its journal beside the parts (no staging folder).
+        assert (tmp_path / "runs/job-1/forks/_journal.jsonl").stat().st_size > 0
+        assert (tmp_path / "runs/job-1/run.lock").exists()
+    JobInfo(job_id="job-1", status="done").write(out)
+    assert find_job("job-1", out) == f"{out}/job-1"
+    assert find_job(f"{out}/job-1") == f"{out}/job-1"
+    (part,) = (tmp_path / "runs/job-1/forks").glob("part-*.parquet")
+    assert pq.read_table(part).column("task_id").to_pylist() == ["t1"]
