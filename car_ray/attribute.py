@@ -42,6 +42,8 @@ from .replay import BaseUrls, is_bad
 from .results import (
     Caps,
     ForkSink,
+    Held,
+    JobDir,
     JobInfo,
     Ledger,
     OutputError,
@@ -51,12 +53,17 @@ from .results import (
     StageTime,
     TapeRef,
     describe_step,
+    find_jobs,
+    has_job,
     hold_job,
+    is_uri,
+    job_location,
     read_attribution,
+    shown,
+    split_job_location,
     top_cause,
     verdict,
     write_attribution,
-    writing,
 )
 from .schedule import (
     FAILED_STATUSES,
@@ -376,10 +383,10 @@ class SavedOutcome(JobOutcome):
 def load_saved(folder: str) -> SavedOutcome:
     """The outcome of the job whose output is `folder` (`<out>/<job_id>`), from its
     job.json and attribution.parquet; `ValueError` naming the folder if it holds no job."""
-    out, job_id = os.path.split(os.path.normpath(folder))
+    out, job_id = split_job_location(folder)
     info = JobInfo.read(out, job_id)
     if info is None:
-        raise ValueError(f"{folder}: no job.json here (not a car-ray job's output folder)")
+        raise ValueError(f"{shown(folder)}: no job.json here (not a car-ray job's output folder)")
     attribution = read_attribution(out, job_id) or []
     spent = _cost(info.ledger.spent if info.ledger else None)
     progress = Progress(
@@ -397,20 +404,17 @@ def _cost(spend: Spend | None) -> Cost:
 
 
 def find_job(target: str, out: str = "out") -> str:
-    """The output folder `target` names: a folder with a job.json, or a job id (or its
-    readable name, or a prefix of either: the newest such job) under `out`."""
-    if os.path.isfile(os.path.join(target, "job.json")):
+    """The output folder `target` names: a folder with a job.json (a path or a URI), or a job
+    id (or its readable name, or a prefix of either: the newest such job) under `out`."""
+    if has_job(target):
         return target
-    found = sorted(
-        glob.glob(os.path.join(glob.escape(out), glob.escape(target) + "*", "job.json")),
-        key=os.path.getmtime,
-    )
+    found = [] if is_uri(target) else find_jobs(out, target)
     if not found:
         raise ValueError(
-            f"{target}: no job output folder of that name, and no job id starting so under "
-            f"{out}/ (pass the folder, or --out where the job wrote)"
+            f"{shown(target)}: no job output folder of that name, and no job id starting so "
+            f"under {shown(out)}/ (pass the folder, or --out where the job wrote)"
         )
-    return os.path.dirname(found[-1])
+    return found[-1].folder
 
 
 def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[str, Any]:
@@ -418,7 +422,7 @@ def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[
     p = outcome.progress
     return {
         "job_id": outcome.job_id,
-        "folder": folder,
+        "folder": shown(folder),
         "status": outcome.status,
         "measured": measured(outcome.attribution),
         "verdict": verdict(outcome.attribution, tape, outcome.status),
@@ -489,7 +493,7 @@ def attribute(
     _budget(job, tape, max_usd, max_forks)
     out = out or job.spec.out
     job_id = job_id_of(job, tape)
-    folder = os.path.join(out, job_id)
+    folder = job_location(out, job_id)
     previous = JobInfo.read(out, job_id)
     if previous is not None and previous.status == "complete" and not more:
         saved = load_saved(folder)
@@ -500,13 +504,13 @@ def attribute(
             f"width (±{job.spec.target_half_width / 2:g}) under as much budget again"
         )
         return folder, saved
-    stale = None if "://" in out or previous else _stale_code(out, job, tape, job_id)
+    stale = None if is_uri(out) or previous else _stale_code(out, job, tape, job_id)
     if stale:
         console.print(f"[yellow]note: {escape(stale)}[/]")
     # A second run on the same output would run forks twice and under-report the spend.
-    with hold_job(out, job_id):
+    with hold_job(out, job_id) as held:
         folder, outcome = _run_job(
-            job, tape, out, job_id, address, max_usd, max_forks, console, recorded, more
+            job, tape, out, job_id, address, max_usd, max_forks, console, recorded, more, held
         )
     if stale:
         outcome.notes.insert(0, stale)
@@ -539,6 +543,7 @@ def _run_job(
     console: Console,
     recorded: float,
     more: bool,
+    held: Held,
 ) -> tuple[str, JobOutcome]:
     budget = _budget(job, tape, max_usd, max_forks)
     existing = ForkSink.existing(out, job_id).to_pylist()
@@ -621,7 +626,7 @@ def _run_job(
         if previous is not None and previous.shapley_candidates:
             info.shapley_candidates = previous.shapley_candidates
         info.write(out)
-        sink = ForkSink(out, job_id)
+        sink = ForkSink(out, job_id, guard=held.check)
         scheduler: Scheduler | None = None
 
         def checkpoint(p: Progress) -> None:
@@ -755,14 +760,13 @@ def _run_job(
     write_attribution(out, job_id, outcome.attribution)
     info.write(out)
     try:
-        from .report import write_report
+        from .report import render_report
 
-        report = Path(out) / job_id / "report.html"
-        with writing(str(report)):
-            write_report(report, tape=tape, attribution=outcome.attribution, job=info)
+        page = render_report(tape=tape, attribution=outcome.attribution, job=info)
+        JobDir.of(out, job_id).write_atomic(page.encode("utf-8"), "report.html")
     except ImportError:  # pragma: no cover - the report is optional on minimal installs
         pass
-    return os.path.join(out, job_id), outcome
+    return job_location(out, job_id), outcome
 
 
 def _iso(epoch_s: float) -> str:

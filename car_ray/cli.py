@@ -593,8 +593,10 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
             f"{p.provider_errors} provider failures retried); spent "
             f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
         )
+    from .results import shown
+
     console.print(
-        f"results: {folder}/forks/*.parquet, attribution.parquet, job.json, report.html",
+        f"results: {shown(folder)}/forks/*.parquet, attribution.parquet, job.json, report.html",
         markup=False,
     )
     # The last line, whole: a log or a pipe greps it.
@@ -611,10 +613,11 @@ def show_cmd(
     """Reprint a past job's table and verdict from its files (nothing runs); exits as the
     job did."""
     from .attribute import find_job
+    from .results import OutputError
 
     try:
         folder = find_job(target, out)
-    except ValueError as exc:
+    except (ValueError, OutputError) as exc:  # OutputError: a URI that cannot be opened
         raise _fail(str(exc)) from None
     _show_saved(folder, as_json)
 
@@ -625,10 +628,11 @@ def _show_saved(folder: str, as_json: bool, tape_path: str | None = None) -> Non
     `tape_path`: where else the job's tape may be (a submitted job's ran from a copy)."""
     from .attribute import load_saved
     from .cluster import partial_note
+    from .results import OutputError
 
     try:
         outcome = load_saved(folder)
-    except ValueError as exc:
+    except (ValueError, OutputError) as exc:
         raise _fail(str(exc)) from None
     partial = partial_note(folder, outcome)
     if partial:
@@ -816,10 +820,11 @@ def results_cmd(
     """The ranked table and verdict of a job, local or submitted, from its Parquet and
     job.json (nothing runs); exits as the job did, 1 if it never finished."""
     from .cluster import results_folder
+    from .results import OutputError
 
     try:
         found = results_folder(target, out, address)
-    except ValueError as exc:  # ClusterError too
+    except (ValueError, OutputError) as exc:  # ClusterError too; a URI that cannot be opened
         raise _fail(str(exc)) from None
     _show_saved(found.folder, as_json, found.tape_path)
 

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from .job import Job
+from .results import JobDir, has_job, is_uri, job_location, shown, split_job_location
 from .tape import Tape
 
 # Where a submission's output is, in its metadata (Ray keeps metadata as str -> str).
@@ -60,7 +61,7 @@ class Submission:
 
     @property
     def folder(self) -> str:
-        return os.path.join(self.out, self.job_id)
+        return job_location(self.out, self.job_id)
 
 
 def job_server_address(address: str | None) -> str | None:
@@ -154,7 +155,7 @@ def _staged(job: Job, tapes: list[Path], out: str) -> Iterator[Path]:
                 f"{job.path}: the tape {tape} is outside the job's folder {folder}; `car-ray "
                 "submit` sends that folder to the cluster: move the tape into it"
             )
-    output = Path(out).resolve()
+    output = None if is_uri(out) else Path(out).resolve()
 
     def skipped(where: str, names: list[str]) -> set[str]:
         return set(_NOT_SENT(where, names)) | {n for n in names if Path(where, n) == output}
@@ -182,13 +183,18 @@ def submit(
     extra: list[str] | None = None,
 ) -> Submission:
     """Submit `car-ray attribute` of `job` on `tape` (checked here first, as `attribute`
-    checks it before Ray) as a Ray Job. `out` is a folder on the cluster's head: a relative
-    one is made absolute here (the same folder on a one-machine cluster)."""
+    checks it before Ray) as a Ray Job. `out` is a folder on the cluster's head (a relative
+    one is made absolute here: the same folder on a one-machine cluster) or a filesystem URI
+    (s3://...: the driver on the cluster reads its credentials from its own environment)."""
     from .schedule import job_id_of
 
     client = connect(address)
     job_id = job_id_of(job, tape)
-    out_dir = str(Path(out or job.spec.out).absolute())
+    out_dir = out or job.spec.out
+    if is_uri(out_dir):
+        JobDir.of(out_dir, job_id)  # credentials in the URI are refused before they travel
+    else:
+        out_dir = str(Path(out_dir).absolute())
     with _staged(job, job.tape_paths, out_dir) as stage:
         try:
             submission_id: str = client.submit_job(
@@ -239,7 +245,7 @@ def describe(info: Any) -> dict[str, Any]:
         "status": str(getattr(info.status, "value", info.status)),
         "message": info.message or "",
         "job_id": job_id,
-        "folder": os.path.join(out, job_id) if job_id and out else None,
+        "folder": job_location(out, job_id) if job_id and out else None,
         "job_file": meta.get(JOB_FILE_KEY),
         "started": _iso_ms(info.start_time),
         "ended": _iso_ms(info.end_time),
@@ -322,7 +328,7 @@ def results_folder(target: str, out: str, address: str | None) -> Found:
     folder = info["folder"]
     if folder is None:
         raise ClusterError(f"{target} was not submitted by `car-ray submit`: no results to read")
-    if os.path.isfile(os.path.join(folder, "job.json")):
+    if has_job(folder):
         return Found(str(folder), _submitted_tape(info["job_file"]))
     if info["status"] in ("PENDING", "RUNNING"):
         raise ClusterError(
@@ -347,13 +353,18 @@ def partial_note(folder: str, outcome: Any) -> str | None:
 
     if outcome.status != "running":
         return None
-    out, job_id = os.path.split(os.path.normpath(folder))
+    out, job_id = split_job_location(folder)
     rows = ForkSink.existing(out, job_id).num_rows
+    where = (
+        "Parquet parts, and this machine's staging journal"
+        if is_uri(folder)
+        else "Parquet parts and _journal.jsonl"
+    )
     return (
-        f"PARTIAL: {folder} holds no finished run: job.json says 'running' (the job still "
-        f"runs, or it was killed before it wrote its table). {rows} fork rows are saved in "
-        f"{folder}/forks (Parquet parts and _journal.jsonl); run the job again on the same "
-        "output to resume it and write the table"
+        f"PARTIAL: {shown(folder)} holds no finished run: job.json says 'running' (the job "
+        f"still runs, or it was killed before it wrote its table). {rows} fork rows are saved "
+        f"in {shown(folder)}/forks ({where}); run the job again on the same output to resume "
+        "it and write the table"
     )
 
 

@@ -97,11 +97,11 @@ def support_job_file(folder: Path, tape: Path, **settings: str) -> Path:
     return path
 
 
-def attribute_command(job_file: Path, out: Path) -> list[str]:
+def attribute_command(job_file: Path, out: Path | str) -> list[str]:
     return [sys.executable, "-m", "car_ray.cli", "attribute", str(job_file), "--out", str(out)]
 
 
-def start_attribute(job_file: Path, out: Path, *, stdout: Any) -> subprocess.Popen[Any]:
+def start_attribute(job_file: Path, out: Path | str, *, stdout: Any) -> subprocess.Popen[Any]:
     """`car-ray attribute` as a user runs it, in its own session (a signal to the session
     reaches its Ray and simulated provider too); stderr is piped, stdout goes to `stdout`."""
     return subprocess.Popen(
@@ -119,9 +119,15 @@ def stop_ray_head(head: subprocess.Popen[Any]) -> None:
     """Stop a `ray start --head --block` by its pid, never `ray stop` (other Rays run here).
     It drains and stops what it started on SIGTERM (to it alone: its children stopped under
     it make it hang); whatever is left in its session goes with SIGKILL."""
-    head.terminate()
+    stop_session(head, timeout_s=60)
+
+
+def stop_session(leader: subprocess.Popen[Any], *, timeout_s: float) -> None:
+    """Stop a server started in its own session by its pid: SIGTERM to it alone, then
+    SIGKILL to whatever is left in its session."""
+    leader.terminate()
     try:
-        head.wait(timeout=60)
+        leader.wait(timeout=timeout_s)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(head.pid, signal.SIGKILL)
+            os.killpg(leader.pid, signal.SIGKILL)

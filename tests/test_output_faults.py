@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from car_ray.cli import app
 from car_ray.job import load_job
-from car_ray.results import ForkSink, JobBusy, _parquet, hold_job
+from car_ray.results import ForkSink, JobBusy, _output, _parquet, hold_job
 from car_ray.schedule import job_id_of
 from car_ray.tape import load_tape
 
@@ -85,7 +85,7 @@ def test_a_full_disk_stops_the_job_in_one_line_and_the_same_command_resumes_it(
 
     # The disk fills once 15 rows are in the journal: no write reaches it after that.
     journaled = 0
-    append, sync = _parquet._Journal.append, _parquet._sync_data
+    append, sync = _parquet._Journal.append, _output.sync_data
 
     def counted(self: _parquet._Journal, line: bytes) -> None:
         nonlocal journaled
@@ -98,7 +98,7 @@ def test_a_full_disk_stops_the_job_in_one_line_and_the_same_command_resumes_it(
         sync(fd)
 
     monkeypatch.setattr(_parquet._Journal, "append", counted)
-    monkeypatch.setattr(_parquet, "_sync_data", filling)
+    monkeypatch.setattr(_output, "sync_data", filling)
     full = CliRunner().invoke(app, command)
     monkeypatch.undo()
 

@@ -33,7 +33,7 @@ from car_ray.results import (
     JobInfo,
     OutputError,
     SchemaError,
-    _parquet,
+    _output,
     fork_record,
     write_attribution,
 )
@@ -359,7 +359,7 @@ def test_any_pyarrow_filesystem_uri_holds_the_same_output(
 ) -> None:
     # pyarrow's in-memory mock filesystem stands in for S3 and friends (write, then move).
     memory = pafs.FileSystem.from_uri("mock:///")[0]
-    monkeypatch.setattr(_parquet, "_from_uri", lambda uri: (memory, uri.split("://", 1)[1]))
+    monkeypatch.setattr(_output, "_from_uri", lambda uri: (memory, uri.split("://", 1)[1]))
     out = "mock://bucket/runs"
     with ForkSink(out, JOB, flush_rows=2) as sink:
         for i in range(5):
@@ -655,7 +655,7 @@ def test_a_full_or_read_only_disk_refuses_the_row_in_one_line_and_keeps_every_ro
     def full(fd: int) -> None:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(_parquet, "_sync_data", full)
+    monkeypatch.setattr(_output, "sync_data", full)
     with pytest.raises(OutputError) as refused:
         sink.add(make_row(6))
     message = str(refused.value)

@@ -1,5 +1,6 @@
 """Job output readable without car-ray: fork rows as a Parquet dataset, the attribution table,
-and `job.json`, each file written whole under a temporary name and renamed."""
+and `job.json`, each file written whole (a local one under a temporary name and renamed, an
+object in one PUT), to a local folder or any pyarrow filesystem URI."""
 
 from __future__ import annotations
 
@@ -15,8 +16,20 @@ from ._jobjson import (
     StageTime,
     TapeRef,
 )
-from ._lock import JobBusy, hold_job
-from ._parquet import ForkSink, OutputError, read_attribution, write_attribution, writing
+from ._lock import Held, JobBusy, hold_job
+from ._output import (
+    FoundJob,
+    JobDir,
+    OutputError,
+    find_jobs,
+    has_job,
+    is_uri,
+    job_location,
+    shown,
+    split_job_location,
+    writing,
+)
+from ._parquet import ForkSink, read_attribution, write_attribution
 from ._rows import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
@@ -38,7 +51,10 @@ __all__ = [
     "Caps",
     "ForkRecord",
     "ForkSink",
+    "FoundJob",
+    "Held",
     "JobBusy",
+    "JobDir",
     "JobInfo",
     "JobJsonError",
     "Ledger",
@@ -54,9 +70,15 @@ __all__ = [
     "arrow_schema",
     "describe_entry",
     "describe_step",
+    "find_jobs",
     "fork_record",
+    "has_job",
     "hold_job",
+    "is_uri",
+    "job_location",
     "read_attribution",
+    "shown",
+    "split_job_location",
     "top_cause",
     "verdict",
     "write_attribution",

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ._parquet import JobDir
+from ._output import JobDir
 
 JOB_JSON_VERSION = 1
 

@@ -4,164 +4,36 @@ models in `_rows`), written atomically."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import structlog
 
+from . import _output
+from ._output import JobDir, OutputError, fsync_dir, staging_folder, writing
 from ._rows import ATTRIBUTION_ROWS, FORK_ROWS, FORK_SCHEMA, SchemaError
+
+__all__ = ["ForkSink", "JobDir", "OutputError", "read_attribution", "write_attribution", "writing"]
 
 log = structlog.get_logger("car_ray.results")
 
 
-class OutputError(RuntimeError):
-    """The job's output cannot be written (a full or read-only disk) or another run holds it;
-    the message names the path and says what to do."""
-
-
-_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
-_READ_ONLY = frozenset({errno.EROFS, errno.EACCES, errno.EPERM})
-
-
-@contextlib.contextmanager
-def writing(path: str) -> Iterator[None]:
-    """Turn a full or read-only disk met while writing `path` into an `OutputError` that says
-    so in one line; other errors pass unchanged."""
-    try:
-        yield
-    except OSError as exc:
-        if exc.errno not in _NO_ROOM | _READ_ONLY:
-            raise
-        until = "there is room" if exc.errno in _NO_ROOM else "it is writable again"
-        raise OutputError(
-            f"cannot write {path}: {exc.strerror or exc}. What the job wrote before is kept; "
-            f"run the same command again once {until} to resume the job."
-        ) from exc
-
-
 # ---------------------------------------------------------------------------------------------
-# Where a job's files live: a local folder (os-level fsync and rename) or any pyarrow filesystem.
+# Where a job's files live (`_output`): a local folder (os-level fsync and rename) or any
+# pyarrow filesystem URI; a remote job's journal stays on local disk (`staging_folder`).
 
 _TEMP = re.compile(r"^\..+\.tmp$")
 _PART = re.compile(r"^part-(\d+)-[0-9a-f]+\.parquet$")
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-def _from_uri(uri: str) -> tuple[pafs.FileSystem, str]:
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs, path
-
-
-@dataclass(frozen=True)
-class JobDir:
-    """`<out>/<job_id>` on its filesystem. Local folders get fsync + `os.replace`; elsewhere a
-    file is written under a temporary name then moved, as atomic as that filesystem's move."""
-
-    fs: pafs.FileSystem
-    path: str
-    local: bool
-
-    @classmethod
-    def of(cls, out: str | Path, job_id: str) -> JobDir:
-        if not _JOB_ID.match(job_id):
-            raise ValueError(
-                f"job id {job_id!r}: use letters, digits, '.', '_' or '-', not starting with "
-                "'.' or '-' (it names a folder)"
-            )
-        if isinstance(out, str) and "://" in out:
-            fs, base = _from_uri(out)
-            if isinstance(fs, pafs.LocalFileSystem):
-                return cls(fs, str(Path(base) / job_id), local=True)
-            return cls(fs, f"{base.rstrip('/')}/{job_id}".lstrip("/"), local=False)
-        return cls(pafs.LocalFileSystem(), str(Path(out).absolute() / job_id), local=True)
-
-    def join(self, *names: str) -> str:
-        return "/".join([self.path, *names])
-
-    def make_dir(self, *names: str) -> None:
-        path = self.join(*names)
-        if not self.local:
-            self.fs.create_dir(path, recursive=True)
-            return
-        created = not os.path.isdir(path)
-        with writing(path):
-            os.makedirs(path, exist_ok=True)
-            if created:
-                # The new folder's own entry must survive a crash too, not only its files.
-                _fsync_dir(os.path.dirname(path))
-
-    def files(self, *names: str) -> list[str]:
-        """Base names of the files in a folder (empty if it does not exist), sorted."""
-        selector = pafs.FileSelector(self.join(*names), allow_not_found=True)
-        infos = self.fs.get_file_info(selector)
-        return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
-
-    def read_bytes(self, *names: str) -> bytes | None:
-        path = self.join(*names)
-        if self.local:
-            try:
-                return Path(path).read_bytes()
-            except FileNotFoundError:
-                return None
-        if self.fs.get_file_info(path).type != pafs.FileType.File:
-            return None
-        with self.fs.open_input_stream(path) as stream:
-            data: bytes = stream.read()
-            return data
-
-    def remove(self, *names: str) -> None:
-        self.fs.delete_file(self.join(*names))
-
-    def write_atomic(self, data: bytes | memoryview, *names: str) -> None:
-        """Write the file whole under `.<name>.<uuid>.tmp` in the same folder, then rename it;
-        readers never see a partial file under the final name."""
-        final = self.join(*names)
-        folder, name = final.rsplit("/", 1)
-        temp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
-        try:
-            if self.local:
-                with writing(final):
-                    with open(temp, "xb") as f:
-                        f.write(data)
-                        f.flush()
-                        _sync_data(f.fileno())
-                    os.replace(temp, final)
-                _fsync_dir(folder)
-            else:
-                with self.fs.open_output_stream(temp) as stream:
-                    stream.write(data)
-                self.fs.move(temp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                self.fs.delete_file(temp)
-            raise
-
-
-def _sync_data(fd: int) -> None:
-    """Make a file's written bytes durable: the one place data reaches the disk (fdatasync
-    where there is one: the file's size is synced, its times need not be)."""
-    getattr(os, "fdatasync", os.fsync)(fd)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _parquet_bytes(table: pa.Table) -> memoryview:
@@ -192,6 +64,24 @@ def _read_parts(job: JobDir, columns: list[str] | None = None) -> pa.Table:
 _JOURNAL = "_journal.jsonl"
 
 
+def journal_path(job: JobDir) -> str:
+    """Where the job's journal is: `forks/_journal.jsonl` of a local job; for a job on a
+    remote filesystem (no append, no fsync there) a file of the same name in its local
+    staging folder, so a row is on this machine's disk when the sink takes it."""
+    if job.local:
+        return job.join("forks", _JOURNAL)
+    return os.path.join(staging_folder(job), _JOURNAL)
+
+
+def _read_journal(job: JobDir) -> bytes | None:
+    if job.local:
+        return job.read_bytes("forks", _JOURNAL)
+    try:
+        return Path(journal_path(job)).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def _journal_rows(data: bytes, path: str) -> tuple[list[dict[str, Any]], int]:
     """The journal's rows, and the length of the bytes that hold them. A torn last line was
     never acknowledged; so was a last line that is whole but unreadable (a crash can leave a
@@ -216,7 +106,7 @@ def _journal_rows(data: bytes, path: str) -> tuple[list[dict[str, Any]], int]:
 
 
 class _Journal:
-    """`forks/_journal.jsonl` of a local job: one JSON line per row, appended and synced, so a
+    """The job's journal (`journal_path`): one JSON line per row, appended and synced, so a
     row is on disk when `ForkSink.add` returns; emptied once a part holds its rows."""
 
     def __init__(self, path: str) -> None:
@@ -241,7 +131,7 @@ class _Journal:
                 view = memoryview(line)
                 while view:
                     view = view[os.write(fd, view) :]
-                _sync_data(fd)
+                _output.sync_data(fd)  # the one data sync (a test fills the disk there)
             except OSError:
                 # A part of a line left here would glue itself to the next one: cut it off
                 # now, or before the next append.
@@ -261,22 +151,31 @@ class _Journal:
             os.ftruncate(self._open(), 0)
         self._length, self._torn = 0, False
 
-    def close(self) -> None:
-        """Close the file; remove it if it holds no row."""
+    def close(self, *, staged: bool = False) -> None:
+        """Close the file; remove it if it holds no row (and its folder, if `staged` and
+        empty)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
         if self._length == 0:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
+            if staged:
+                with contextlib.suppress(OSError):
+                    os.rmdir(os.path.dirname(self.path))
 
     def _open(self) -> int:
         if self._fd is None:
+            folder = os.path.dirname(self.path)
+            if not os.path.isdir(folder):  # a staging folder, made on the first row
+                with writing(folder):
+                    os.makedirs(folder, exist_ok=True)
+                fsync_dir(os.path.dirname(folder))
             created = not os.path.exists(self.path)
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             if created:
                 # The file's entry in its folder must survive a crash too, not only its lines.
-                _fsync_dir(os.path.dirname(self.path))
+                fsync_dir(os.path.dirname(self.path))
         return self._fd
 
 
@@ -287,12 +186,15 @@ class ForkSink:
     """Streams fork rows to `<out>/<job_id>/forks/part-<seq>-<uuid>.parquet`, one file per
     flush, each complete or absent; a task id already written is dropped, so resume is exact.
 
-    On a local folder a row is durable when `add` returns: it is appended to
-    `forks/_journal.jsonl` and synced, and the journal is emptied once a part holds its rows;
-    the next sink (or `existing`) reads what a killed one left there. One sink per job at a
-    time. `out` may also be a pyarrow filesystem URI (s3://, gs://, ...): there is no journal
-    there (no append), rows are durable at each flush, a part as atomic as that filesystem's
-    move."""
+    A row is durable when `add` returns: it is appended to the journal and synced, and the
+    journal is emptied once a part holds its rows; the next sink (or `existing`) reads what a
+    killed one left there. One sink per job at a time. On a local folder the journal is
+    `forks/_journal.jsonl`; `out` may also be a pyarrow filesystem URI (s3://, gs://, ...),
+    where each part is one whole object and the journal stays on this machine's disk (its
+    staging folder, `journal_path`): a row is on the output once its part is, at each flush,
+    and a resume on this machine also gets the rows journaled since. `guard` is called
+    before each part is written (a lease that raises once another run took the output).
+    """
 
     def __init__(
         self,
@@ -302,6 +204,7 @@ class ForkSink:
         flush_rows: int = 1000,
         flush_interval_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        guard: Callable[[], None] | None = None,
     ) -> None:
         if flush_rows < 1:
             raise ValueError(f"flush_rows must be at least 1, got {flush_rows}")
@@ -313,6 +216,7 @@ class ForkSink:
         self.parts_written = 0
         self._job = JobDir.of(out, job_id)
         self._clock = clock
+        self._guard = guard
         self._lock = threading.Lock()
         self._buffer: list[dict[str, Any]] = []
         self._closed = False
@@ -330,15 +234,13 @@ class ForkSink:
         self._seq = seq
         written = _read_parts(self._job, ["task_id"]).column("task_id").to_pylist()
         self._seen: set[str] = set(written)
-        self._journal: _Journal | None = None
-        if self._job.local:
-            self._journal = _Journal(self._job.join("forks", _JOURNAL))
-            for record in self._journal.replayed:
-                # A row can be in both when a sink was killed between a part and clearing
-                # the journal: the part's copy counts.
-                if record["task_id"] not in self._seen:
-                    self._seen.add(record["task_id"])
-                    self._buffer.append(record)
+        self._journal = _Journal(journal_path(self._job))
+        for record in self._journal.replayed:
+            # A row can be in both when a sink was killed between a part and clearing the
+            # journal: the part's copy counts.
+            if record["task_id"] not in self._seen:
+                self._seen.add(record["task_id"])
+                self._buffer.append(record)
         self._existing = frozenset(self._seen)
         self._last_flush = clock()
 
@@ -354,13 +256,13 @@ class ForkSink:
         job = JobDir.of(out, job_id)
         # The journal first: a row that moves from it into a part in between is then read
         # twice (and counted once), never missed.
-        data = job.read_bytes("forks", _JOURNAL)
+        data = _read_journal(job)
         parts = _read_parts(job)
         if not data:
             return parts
         seen = set(parts.column("task_id").to_pylist())
         journaled = []
-        for record in _journal_rows(data, job.join("forks", _JOURNAL))[0]:
+        for record in _journal_rows(data, journal_path(job))[0]:
             if record["task_id"] not in seen:
                 seen.add(record["task_id"])
                 journaled.append(record)
@@ -375,7 +277,7 @@ class ForkSink:
         return task_id in self._seen
 
     def add(self, row: Mapping[str, Any]) -> bool:
-        """Check and journal one row (see `fork_record`): on a local folder it is on disk when
+        """Check and journal one row (see `fork_record`): it is on this machine's disk when
         this returns. False if its task id was already written or added (counted in
         `duplicates_dropped`). Flushes when due; `OutputError` if the disk is full."""
         record = FORK_ROWS.normalize(row)
@@ -389,9 +291,8 @@ class ForkSink:
                 raise RuntimeError(f"the fork sink of job {self.job_id!r} is closed")
             accepted = record["task_id"] not in self._seen
             if accepted:
-                if self._journal is not None:
-                    # On disk before it counts: a full disk raises here, the row not taken.
-                    self._journal.append(FORK_ROWS.to_json(record))
+                # On disk before it counts: a full disk raises here, the row not taken.
+                self._journal.append(FORK_ROWS.to_json(record))
                 self._seen.add(record["task_id"])
                 self._buffer.append(record)
             else:
@@ -420,8 +321,7 @@ class ForkSink:
             try:
                 self._flush_locked()
             finally:
-                if self._journal is not None:
-                    self._journal.close()
+                self._journal.close(staged=not self._job.local)
 
     def __enter__(self) -> ForkSink:
         return self
@@ -441,6 +341,8 @@ class ForkSink:
         self._last_flush = self._clock()
         count = len(self._buffer)
         if count:
+            if self._guard is not None:
+                self._guard()  # the rows stay journaled for the run that holds the output
             data = _parquet_bytes(FORK_ROWS.table(self._buffer))
             name = f"part-{self._seq + 1:06d}-{uuid.uuid4().hex}.parquet"
             # On failure the rows stay buffered (and journaled): a later flush writes them.
@@ -449,8 +351,7 @@ class ForkSink:
             self._buffer = []
             self.rows_written += count
             self.parts_written += 1
-        if self._journal is not None:
-            self._journal.clear()
+        self._journal.clear()
         return count
 
 
