@@ -167,7 +167,7 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
     tmp_path: Path, demo_tape_path: Path
 ) -> None:
     job_file = support_job_file(
-        tmp_path / "job", demo_tape_path, sim_latency_ms="30", max_forks="900"
+        tmp_path / "job", demo_tape_path, sim_latency_ms="150", max_forks="900"
     )
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "160"}

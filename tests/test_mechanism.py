@@ -185,3 +185,33 @@ def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:
         if seed == 5:
             assert shap.verdict(0.01) is None
     assert shap.verdict(0.01) == ("separated", [6])
+
+
+def test_seeds_count_in_order_so_quick_seeds_do_not_pull_phi_to_zero() -> None:
+    """A seed whose largest coalition stays on the tape completes in one fork; a seed after an
+    incomplete one does not count yet, or the estimates at a look would over-weight seeds
+    where nothing deviated. A seed the budget cut ends the count."""
+    shap = SeedShapley([2, 4], 0.05, salt="p")
+    everyone = frozenset({2, 4})
+    shap.observe(0, everyone, True, 2)  # left the tape at 2: seed 0 needs its other coalition
+    shap.observe(1, everyone, False, None)  # stayed on the tape: seed 1 is complete at once
+    assert shap.known(1, shap.coalitions(1)[0]) and shap.complete_seeds() == []
+    (rest,) = [c for c in shap.coalitions(0) if c != everyone]
+    shap.observe(0, rest, False, None)
+    assert shap.complete_seeds() == [0, 1]
+    shap.observe(3, everyone, False, None)
+    shap.cut.add(2)
+    assert shap.complete_seeds() == [0, 1]
+
+
+def test_a_provider_that_ignores_seeds_teaches_nothing_about_other_coalitions() -> None:
+    """Without seeds honoured, another fork of the seed draws afresh: its value is not known
+    from this one's first deviation."""
+    from car_ray.schedule._stages import _observe
+
+    row = {"outcome": 1.0, "flipped": False, "first_deviation": None}
+    learned, unlearned = SeedShapley([2, 4], 0.05, salt="q"), SeedShapley([2, 4], 0.05, salt="q")
+    _observe(learned, 0, frozenset({2, 4}), row, learn=True)
+    _observe(unlearned, 0, frozenset({2, 4}), row, learn=False)
+    assert learned.complete_seeds() == [0]
+    assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1

@@ -134,7 +134,8 @@ class SeedShapley:
     alpha: float
     salt: str = ""  # the attribution's seed: which random permutations a job walks
     values: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
-    failed: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)  # a fork of the seed has no outcome
+    cut: set[int] = field(default_factory=set)  # a fork of the seed the budget refused
     # Per seed: the candidates whose fresh draw at the recorded request is the recorded action
     # (a fork of the seed re-drew them and stayed on the tape past them).
     clean: dict[int, set[int]] = field(default_factory=dict)
@@ -199,11 +200,20 @@ class SeedShapley:
         return (sum(len(self.values[s]) for s in seeds) - inferred) / len(seeds)
 
     def complete_seeds(self) -> list[int]:
-        return sorted(
-            s
-            for s, got in self.values.items()
-            if s not in self.failed and len(got) == len(self.coalitions(s))
-        )
+        """The seeds the estimates use: 0, 1, ... up to the first seed not complete (failed
+        seeds left out). A seed that stays on the tape completes in one fork, others need
+        more, so the complete seeds beyond an incomplete one are chosen by their outcome:
+        counting them would pull phi toward 0 at every look."""
+        out: list[int] = []
+        last = max(self.values.keys() | self.failed, default=-1)
+        for s in range(last + 1):
+            if s in self.failed:
+                continue
+            got = self.values.get(s, {})
+            if s in self.cut or len(got) < len(self.coalitions(s)):
+                break
+            out.append(s)
+        return out
 
     def _per_seed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """phi_s, necessity_s and sufficiency_s, one row a complete seed."""
@@ -277,15 +287,15 @@ class SeedShapley:
         pair_alpha = self.alpha / max(1, len(m) - 1)
 
         def apart(i: int, j: int) -> bool:
-            diff = phi[:, i] - phi[:, j]
-            d = mean_interval(diff, pair_alpha, low=-2.0, high=2.0)
-            return d.low is not None and d.low > 0 and _signs_agree(diff, pair_alpha)
+            d = mean_interval(phi[:, i] - phi[:, j], pair_alpha, low=-2.0, high=2.0)
+            return d.low is not None and d.low > 0
 
         top = [j for j in range(len(m)) if j == lead or not apart(lead, j)]
         rest = [j for j in range(len(m)) if j not in top]
         own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
         above_zero = all((own[j].low or 0.0) > 0 for j in top)
-        if above_zero and all(apart(i, j) for i in top for j in rest):
+        signs = all(_signs_agree(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
+        if above_zero and signs and all(apart(i, j) for i in top for j in rest):
             return "separated", [m[j] for j in top]
         if all(e.half_width <= target_half_width for e in own):
             return "precise", [m[j] for j in top]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
@@ -277,9 +277,11 @@ class HeldShapley(BaseStage):
         coalitions_of: dict[int, set[frozenset[int]]] = {}
         for spec, row in job._rows("shapley", "held"):
             seed = self._seed(spec)
+            if seed < 0:  # a row of an older car-ray, whose Shapley seeds were the screen's
+                continue
             coalition = frozenset(spec.interventions)
             if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
-                _observe(shap, seed, coalition, row)
+                _observe(shap, seed, coalition, row, learn=job.honours_seed)
         self.pending: set[tuple[int, frozenset[int]]] = set()
         self.screening: set[str] = set()
         self.per_seed = max(1, len(shap.coalitions(0)))
@@ -298,7 +300,7 @@ class HeldShapley(BaseStage):
             return
         seed, coalition = self._seed(spec), frozenset(spec.interventions)
         self.pending.discard((seed, coalition))
-        _observe(self.shap, seed, coalition, row)
+        _observe(self.shap, seed, coalition, row, learn=self.job.honours_seed)
 
     def unrun(self, spec: ForkSpec) -> None:
         if spec.task_id in self.screening:
@@ -306,8 +308,9 @@ class HeldShapley(BaseStage):
             return
         seed, coalition = self._seed(spec), frozenset(spec.interventions)
         self.pending.discard((seed, coalition))
-        # A seed missing a coalition is incomplete: its other forks are not asked again.
-        self.shap.observe(seed, coalition, None)
+        # The budget refused it: the seed stays incomplete, and the seeds after it do not
+        # count (`SeedShapley.complete_seeds`).
+        self.shap.cut.add(seed)
 
     def _seeds(self, room: int) -> list[Fork]:
         shap, pending = self.shap, self.pending
@@ -451,9 +454,15 @@ def held_notes(job: Scheduler) -> list[str]:
     return notes
 
 
-def _observe(shap: SeedShapley, seed: int, coalition: frozenset[int], row: Row) -> None:
+def _observe(
+    shap: SeedShapley, seed: int, coalition: frozenset[int], row: Row, *, learn: bool
+) -> None:
+    """A Shapley fork's row. Which steps drew their recorded action is learned only where the
+    provider honours seeds: elsewhere another fork of the seed draws afresh, and a coalition
+    known from this one would not be the draw its own fork makes."""
     scored = row["outcome"] is not None
-    shap.observe(seed, coalition, row["flipped"] if scored else None, row["first_deviation"])
+    first: int | Literal["unknown"] | None = row["first_deviation"] if learn else "unknown"
+    shap.observe(seed, coalition, row["flipped"] if scored else None, first)
 
 
 # -- method "uniform" -----------------------------------------------------------------------------
