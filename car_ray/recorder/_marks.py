@@ -6,7 +6,6 @@ customer complains an hour after the answer), so it lives beside the tape, not i
 
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from ..results._output import write_whole
 from ..tape import ToolError
 
 TAPE_SUFFIX = ".tape"
@@ -62,21 +62,8 @@ def write_mark(folder: Path, mark: RunMark, *, fsync: bool = True) -> Path:
     """Write `mark` beside its tape: whole, fsynced (unless not), then renamed over the old
     one."""
     final = mark_path(folder / mark.tape)
-    temp = final.with_name(f".{final.name}.{os.getpid()}.{id(mark):x}.tmp")
     data = mark.model_dump_json(exclude_none=True, indent=1).encode() + b"\n"
-    try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, data)
-            if fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(temp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
+    write_whole(final, data, sync=fsync)
     return final
 
 

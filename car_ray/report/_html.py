@@ -11,7 +11,6 @@ from __future__ import annotations
 import html
 import json
 import math
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import plotly.io as pio  # type: ignore[import-untyped]
 
 from ..providers import codec_for
 from ..results import JobInfo, verdict
+from ..results._output import write_whole
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -60,9 +60,7 @@ def write_report(path: Path, *, tape: Tape, attribution: Sequence[Row], job: Job
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     page = render_report(tape=tape, attribution=attribution, job=job)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(page, encoding="utf-8")
-    os.replace(temporary, path)
+    write_whole(path, page, sync=False)
     return path
 
 

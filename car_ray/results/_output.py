@@ -224,24 +224,39 @@ class JobDir:
                 stream.write(data)
             return
         folder, name = final.rsplit("/", 1)
+        if self.local:
+            with writing(final):
+                write_whole(final, data, sync=True)
+            fsync_dir(folder)
+            return
         temp = f"{folder}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
         try:
-            if self.local:
-                with writing(final):
-                    with open(temp, "xb") as f:
-                        f.write(data)
-                        f.flush()
-                        sync_data(f.fileno())
-                    os.replace(temp, final)
-                fsync_dir(folder)
-            else:
-                with self.fs.open_output_stream(temp) as stream:
-                    stream.write(data)
-                self.fs.move(temp, final)
+            with self.fs.open_output_stream(temp) as stream:
+                stream.write(data)
+            self.fs.move(temp, final)
         except BaseException:
             with contextlib.suppress(OSError):
                 self.fs.delete_file(temp)
             raise
+
+
+def write_whole(path: str | Path, data: bytes | memoryview | str, *, sync: bool) -> None:
+    """Write a local file whole: to `.<name>.<random>.tmp` beside it (synced if `sync`), then
+    renamed over `path`, so no reader sees a part of it; the temporary file is removed if
+    anything fails. The job's files, a run's mark and the report page all go this way."""
+    folder, name = os.path.split(os.fspath(path))
+    temp = os.path.join(folder, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(temp, "xb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            if sync:
+                f.flush()
+                sync_data(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
 
 
 def sync_data(fd: int) -> None:
