@@ -308,9 +308,11 @@ class HeldShapley(BaseStage):
             return
         seed, coalition = self._seed(spec), frozenset(spec.interventions)
         self.pending.discard((seed, coalition))
-        # The budget refused it: the seed stays incomplete, and the seeds after it do not
-        # count (`SeedShapley.complete_seeds`).
-        self.shap.cut.add(seed)
+        # Given up (its provider failed every try) or refused by the budget: the seed has no
+        # outcome and is left out; its other forks are not asked again. (Marking it `cut`,
+        # which ends the seeds counted, would leave a given-up seed blocking every later one:
+        # the loop's unrun does not yet tell the two apart.)
+        self.shap.observe(seed, coalition, None)
 
     def _seeds(self, room: int) -> list[Fork]:
         shap, pending = self.shap, self.pending
