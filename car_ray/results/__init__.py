@@ -4,6 +4,15 @@ object in one PUT), to a local folder or any pyarrow filesystem URI."""
 
 from __future__ import annotations
 
+from ._batch import (
+    SUMMARY_ROWS,
+    TRACE_ROWS,
+    BatchInfo,
+    Split,
+    SummaryRow,
+    TraceRow,
+    TraceState,
+)
 from ._jobjson import (
     JOB_JSON_VERSION,
     Caps,
@@ -29,7 +38,7 @@ from ._output import (
     split_job_location,
     writing,
 )
-from ._parquet import ForkSink, read_attribution, write_attribution
+from ._parquet import ForkSink, read_attribution, read_rows, write_attribution, write_rows
 from ._rows import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
@@ -47,7 +56,10 @@ __all__ = [
     "ATTRIBUTION_SCHEMA",
     "FORK_SCHEMA",
     "JOB_JSON_VERSION",
+    "SUMMARY_ROWS",
+    "TRACE_ROWS",
     "AttributionRow",
+    "BatchInfo",
     "Caps",
     "ForkRecord",
     "ForkSink",
@@ -63,10 +75,14 @@ __all__ = [
     "RayInfo",
     "SchemaError",
     "Spend",
+    "Split",
     "Stage",
     "StageTime",
     "StepKind",
+    "SummaryRow",
     "TapeRef",
+    "TraceRow",
+    "TraceState",
     "arrow_schema",
     "describe_entry",
     "describe_step",
@@ -77,10 +93,12 @@ __all__ = [
     "is_uri",
     "job_location",
     "read_attribution",
+    "read_rows",
     "shown",
     "split_job_location",
     "top_cause",
     "verdict",
     "write_attribution",
+    "write_rows",
     "writing",
 ]

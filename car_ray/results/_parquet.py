@@ -21,7 +21,7 @@ import structlog
 
 from . import _output
 from ._output import JobDir, OutputError, fsync_dir, staging_folder, writing
-from ._rows import ATTRIBUTION_ROWS, FORK_ROWS, FORK_SCHEMA, SchemaError
+from ._rows import ATTRIBUTION_ROWS, FORK_ROWS, FORK_SCHEMA, RowShape, SchemaError
 
 __all__ = ["ForkSink", "JobDir", "OutputError", "read_attribution", "write_attribution", "writing"]
 
@@ -355,20 +355,33 @@ class ForkSink:
         return count
 
 
+def write_rows(
+    out: str | Path, folder: str, name: str, shape: RowShape, rows: Sequence[Mapping[str, Any]]
+) -> str:
+    """Write `<out>/<folder>/<name>` (a table of `shape`'s rows) whole, replacing any earlier
+    one; returns its path. A misfit row is a `SchemaError` naming it."""
+    records = [shape.normalize(r) for r in rows]
+    job = JobDir.of(out, folder)
+    job.make_dir()
+    job.write_atomic(_parquet_bytes(shape.table(records)), name)
+    return job.join(name)
+
+
 def write_attribution(out: str | Path, job_id: str, rows: Sequence[Mapping[str, Any]]) -> str:
     """Write `<out>/<job_id>/attribution.parquet` (`ATTRIBUTION_SCHEMA`, one row per step and
     intervention) atomically, replacing any earlier one; returns its path."""
-    records = [ATTRIBUTION_ROWS.normalize(r) for r in rows]
-    job = JobDir.of(out, job_id)
-    job.make_dir()
-    job.write_atomic(_parquet_bytes(ATTRIBUTION_ROWS.table(records)), "attribution.parquet")
-    return job.join("attribution.parquet")
+    return write_rows(out, job_id, "attribution.parquet", ATTRIBUTION_ROWS, rows)
 
 
-def read_attribution(out: str | Path, job_id: str) -> list[dict[str, Any]] | None:
-    """`<out>/<job_id>/attribution.parquet` as rows, or None if the job has not written it."""
-    data = JobDir.of(out, job_id).read_bytes("attribution.parquet")
+def read_rows(out: str | Path, folder: str, name: str) -> list[dict[str, Any]] | None:
+    """`<out>/<folder>/<name>` (a table `write_rows` wrote) as rows, None if it is not there."""
+    data = JobDir.of(out, folder).read_bytes(name)
     if data is None:
         return None
     rows: list[dict[str, Any]] = pq.read_table(pa.BufferReader(data)).to_pylist()
     return rows
+
+
+def read_attribution(out: str | Path, job_id: str) -> list[dict[str, Any]] | None:
+    """`<out>/<job_id>/attribution.parquet` as rows, or None if the job has not written it."""
+    return read_rows(out, job_id, "attribution.parquet")
