@@ -13,7 +13,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -29,6 +29,7 @@ from rich.table import Table
 
 from . import __version__
 from .execute import (
+    Executor,
     MemorySink,
     NoExecutor,
     RayExecutor,
@@ -532,6 +533,237 @@ def _carried(ledger: Ledger | None, existing: list[dict[str, Any]]) -> Cost:
     return carried
 
 
+class JobRun:
+    """One job's side of a run on a shared executor: what it resumes from (rows on disk,
+    the last ledger), its job.json, its sink and scheduler, and what it writes when it
+    ends. `attribute` runs one; `car-ray batch` and `car-ray sweep` run many at once.
+    `budget` is the job's caps (the command line's over the job file's unless given)."""
+
+    def __init__(
+        self,
+        job: Job,
+        tape: Tape,
+        out: str,
+        job_id: str,
+        *,
+        recorded: float,
+        held: Held,
+        console: Console,
+        max_usd: float | None = None,
+        max_forks: int | None = None,
+        more: bool = False,
+        budget: Budget | None = None,
+    ) -> None:
+        self.job, self.tape, self.out, self.job_id = job, tape, out, job_id
+        self.recorded, self.held = recorded, held
+        budget = budget or _budget(job, tape, max_usd, max_forks)
+        self.existing = ForkSink.existing(out, job_id).to_pylist()
+        self.previous = JobInfo.read(out, job_id)
+        self.ledger = self.previous.ledger if self.previous else None
+        ledger = self.ledger
+        spent = _cost(ledger.spent if ledger else None)
+        # Rows are the truth for forks that finished; the ledger adds lost attempts.
+        existing = self.existing
+        self.already = Cost(
+            max(len(existing), spent.forks),
+            max(sum(r["cost_usd"] for r in existing), spent.usd),
+            max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), spent.tokens),
+        )
+        self.carried = _carried(ledger, existing)
+        self.run_job = job
+        previous = self.previous
+        if more and previous is not None and previous.status == "complete":
+            # As much budget again as the caps allow, for intervals half as wide.
+            used = self.already + self.carried
+            budget = Budget(
+                max_forks=None if budget.max_forks is None else budget.max_forks + used.forks,
+                max_usd=None if budget.max_usd is None else budget.max_usd + used.usd,
+                max_tokens=None if budget.max_tokens is None else budget.max_tokens + used.tokens,
+                max_wall_s=budget.max_wall_s,
+            )
+            half = job.spec.target_half_width / 2
+            self.run_job = Job(job.path, job.spec.model_copy(update={"target_half_width": half}))
+            console.print(
+                f"--more: running on until every interval is within ±{half:g} (half the job's "
+                f"target_half_width); caps now {budget.max_forks or '∞'} forks"
+                + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+                + f" in all ({used.forks} forks, ${used.usd:.4f} already spent)",
+                markup=False,
+            )
+        elif existing:
+            unreported = f" and ${self.carried.usd:.4f} reserved by forks that never reported"
+            console.print(
+                f"resuming: {len(existing)} rows on disk, ${self.already.usd:.4f} spent"
+                + (unreported if self.carried.forks else "")
+                + "; caps are the job's total across runs",
+                markup=False,
+            )
+        self.budget = budget
+        self.started = time.time()
+        self.info = JobInfo(
+            job_id=job_id,
+            name=job.name,
+            status="running",
+            request=job.spec.model_dump(mode="json"),
+            job_file=str(job.path),
+            code=job.source_digests(),
+            tape=TapeRef(id=tape.tape_id, path=str(tape.path), steps=len(tape.steps)),
+            budget=Caps(**budget.as_dict()),
+            started=_iso(self.started),
+            versions=_versions(),
+            resumed_rows=len(existing),
+            runs=(previous.runs if previous else 0) + 1,
+        )
+        self.sink: ForkSink | None = None
+        self.scheduler: Scheduler | None = None
+
+    def start(
+        self,
+        executor: Executor,
+        ray: RayInfo,
+        workers: list[int],
+        on_progress: Callable[[Progress], None] | None = None,
+        on_submit: Callable[[], None] | None = None,
+    ) -> Scheduler:
+        """Write the first job.json and make the scheduler (its first rows go to the sink)."""
+        info, previous = self.info, self.previous
+        info.ray = ray
+        info.workers = workers
+        if self.ledger:
+            # Until this run's ledger is written, the last one stands (with its reserved).
+            info.ledger = self.ledger
+        if previous is not None and previous.shapley_candidates:
+            info.shapley_candidates = previous.shapley_candidates
+        info.write(self.out)
+        self.sink = ForkSink(self.out, self.job_id, guard=self.held.check)
+        spec = self.job.spec
+        prices = PriceTable.load(Path(spec.provider.pricing) if spec.provider.pricing else None)
+        self.scheduler = Scheduler(
+            self.run_job,
+            self.tape,
+            job_id=self.job_id,
+            executor=executor,
+            sink=self.sink,
+            budget=self.budget,
+            prices=prices,
+            already=self.existing,
+            already_spent=self.already,
+            carried=self.carried,
+            already_elapsed_s=(self.ledger.elapsed_s if self.ledger else None) or 0.0,
+            candidates=previous.shapley_candidates if previous else [],
+            on_progress=on_progress,
+            on_submit=on_submit or (lambda: self.checkpoint()),
+        )
+        self.scheduler.precise_only = self.run_job is not self.job  # --more on a complete job
+        return self.scheduler
+
+    def checkpoint(self, p: Progress | None = None) -> None:
+        """job.json follows the ledger: a killed driver's successor reads it."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        self.info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
+        if scheduler.candidates:
+            self.info.shapley_candidates = scheduler.candidates
+        self.info.progress = _progress_json(p or scheduler.progress)
+        self.info.write(self.out)
+
+    def settle(self, outcome: JobOutcome, interrupted: bool = False) -> None:
+        """The status the scheduler cannot know: interrupted, or nothing measured."""
+        if interrupted:
+            outcome.status = "interrupted"
+            outcome.notes.append(_interrupted_text(len(self.existing) + outcome.progress.done))
+        elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
+            budget = self.budget
+            outcome.status = "nothing_measured"
+            outcome.notes.append(
+                "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
+                f"{budget.max_forks or '∞'} forks"
+                + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+                + f"); a budget that gives an answer: {answer_budget(self.job, self.tape)}"
+            )
+
+    def stop(self) -> int:
+        """The run stopped before the job ended (Ctrl-C, a stopped batch): close the sink,
+        keep the ledger (forks in flight keep their reservations, carried over by the next
+        run); returns the rows saved in all."""
+        with contextlib.suppress(OutputError):
+            if self.sink is not None:
+                self.sink.close()
+        if self.scheduler is not None:
+            self.info.ledger = Ledger.model_validate(self.scheduler.governor.snapshot())
+        self.info.status, self.info.finished = "interrupted", _iso(time.time())
+        self.info.write(self.out)
+        done = self.scheduler.progress.done if self.scheduler else 0
+        return len(self.existing) + done
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+    def finish(self, outcome: JobOutcome) -> str:
+        """Write what the job ended with: attribution.parquet, job.json and report.html;
+        returns the job's folder."""
+        self.close()
+        scheduler, info, carried = self.scheduler, self.info, self.carried
+        if scheduler is not None:
+            warning = _constant_scorer(self.job, scheduler, self.recorded)
+            if warning:
+                outcome.notes.append(warning)
+        if carried.forks:
+            outcome.notes.append(
+                f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by forks an "
+                "earlier run left in flight: counted against the caps, not shown as spent"
+            )
+        info.status = outcome.status
+        info.notes = outcome.notes
+        if scheduler is not None:
+            info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
+            info.fork_statuses = dict(scheduler.statuses)
+            stages = scheduler.stage_times.items()
+            info.stages = {k: StageTime.model_validate(v) for k, v in stages}
+            info.shapley_candidates = scheduler.candidates
+        info.finished = _iso(time.time())
+        info.progress = _progress_json(outcome.progress)
+        info.wall_s = time.time() - self.started
+        info.lost_forks = outcome.progress.lost
+        # Forks that ended as provider_error (never scored, each run again), and every row's
+        # status (fork_statuses): a job whose forks mostly have no outcome is "failed".
+        info.provider_errors = outcome.progress.provider_errors
+        info.recorded_outcome = self.recorded
+        info.verdict = verdict(outcome.attribution, self.tape, outcome.status)
+        info.top_cause = top_cause(outcome.attribution, self.tape)
+        write_attribution(self.out, self.job_id, outcome.attribution)
+        info.write(self.out)
+        try:
+            from .report import render_report
+
+            page = render_report(tape=self.tape, attribution=outcome.attribution, job=info)
+            JobDir.of(self.out, self.job_id).write_atomic(page.encode("utf-8"), "report.html")
+        except ImportError:  # pragma: no cover - the report is optional on minimal installs
+            pass
+        return job_location(self.out, self.job_id)
+
+
+def make_executor(job: Job, urls: BaseUrls) -> RayExecutor:
+    """The job's pool of fork workers (Ray must be up), sized by its `[provider]`."""
+    settings = job.spec.provider
+    return RayExecutor(
+        WorkerConfig(
+            agent_ref=job.spec.agent,
+            scorer_ref=job.spec.scorer,
+            search_path=tuple(str(p) for p in job.code_path()),
+            base_urls=urls.as_dict(),
+            pricing=settings.pricing,
+            requests_per_minute=settings.requests_per_minute,
+            tokens_per_minute=settings.tokens_per_minute,
+            max_attempts=settings.max_attempts,
+        ),
+        workers=settings.workers,
+        per_worker_in_flight=max(1, settings.concurrency // settings.workers),
+    )
+
+
 def _run_job(
     job: Job,
     tape: Tape,
@@ -545,120 +777,31 @@ def _run_job(
     more: bool,
     held: Held,
 ) -> tuple[str, JobOutcome]:
-    budget = _budget(job, tape, max_usd, max_forks)
-    existing = ForkSink.existing(out, job_id).to_pylist()
-    previous = JobInfo.read(out, job_id)
-    ledger = previous.ledger if previous else None
-    spent = _cost(ledger.spent if ledger else None)
-    # Rows are the truth for forks that finished; the ledger adds lost attempts.
-    already = Cost(
-        max(len(existing), spent.forks),
-        max(sum(r["cost_usd"] for r in existing), spent.usd),
-        max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), spent.tokens),
-    )
-    carried = _carried(ledger, existing)
-    run_job = job
-    if more and previous is not None and previous.status == "complete":
-        # As much budget again as the caps allow, for intervals half as wide.
-        used = already + carried
-        budget = Budget(
-            max_forks=None if budget.max_forks is None else budget.max_forks + used.forks,
-            max_usd=None if budget.max_usd is None else budget.max_usd + used.usd,
-            max_tokens=None if budget.max_tokens is None else budget.max_tokens + used.tokens,
-            max_wall_s=budget.max_wall_s,
-        )
-        half = job.spec.target_half_width / 2
-        run_job = Job(job.path, job.spec.model_copy(update={"target_half_width": half}))
-        console.print(
-            f"--more: running on until every interval is within ±{half:g} (half the job's "
-            f"target_half_width); caps now {budget.max_forks or '∞'} forks"
-            + (f", ${budget.max_usd:g}" if budget.max_usd else "")
-            + f" in all ({used.forks} forks, ${used.usd:.4f} already spent)",
-            markup=False,
-        )
-    elif existing:
-        unreported = f" and ${carried.usd:.4f} reserved by forks that never reported"
-        console.print(
-            f"resuming: {len(existing)} rows on disk, ${already.usd:.4f} spent"
-            + (unreported if carried.forks else "")
-            + "; caps are the job's total across runs",
-            markup=False,
-        )
-    prices = PriceTable.load(Path(job.spec.provider.pricing) if job.spec.provider.pricing else None)
-    started = time.time()
-    info = JobInfo(
-        job_id=job_id,
-        name=job.name,
-        status="running",
-        request=job.spec.model_dump(mode="json"),
-        job_file=str(job.path),
-        code=job.source_digests(),
-        tape=TapeRef(id=tape.tape_id, path=str(tape.path), steps=len(tape.steps)),
-        budget=Caps(**budget.as_dict()),
-        started=_iso(started),
-        versions=_versions(),
-        resumed_rows=len(existing),
-        runs=(previous.runs if previous else 0) + 1,
+    run = JobRun(
+        job,
+        tape,
+        out,
+        job_id,
+        recorded=recorded,
+        held=held,
+        console=console,
+        max_usd=max_usd,
+        max_forks=max_forks,
+        more=more,
     )
     interrupted: list[float] = []
     with live_provider(job) as urls:
-        info.ray = RayInfo.model_validate(cluster_info(init_ray(address)))
-        settings = job.spec.provider
-        executor = RayExecutor(
-            WorkerConfig(
-                agent_ref=job.spec.agent,
-                scorer_ref=job.spec.scorer,
-                search_path=tuple(str(p) for p in job.code_path()),
-                base_urls=urls.as_dict(),
-                pricing=settings.pricing,
-                requests_per_minute=settings.requests_per_minute,
-                tokens_per_minute=settings.tokens_per_minute,
-                max_attempts=settings.max_attempts,
-            ),
-            workers=settings.workers,
-            per_worker_in_flight=max(1, settings.concurrency // settings.workers),
-        )
+        ray_info = RayInfo.model_validate(cluster_info(init_ray(address)))
+        executor = make_executor(job, urls)
         executor.add_tape(tape.tape_id, tape.path.read_bytes())
-        info.workers = executor.worker_pids()
-        if ledger:
-            # Until this run's ledger is written, the last one stands (with its reserved).
-            info.ledger = ledger
-        if previous is not None and previous.shapley_candidates:
-            info.shapley_candidates = previous.shapley_candidates
-        info.write(out)
-        sink = ForkSink(out, job_id, guard=held.check)
-        scheduler: Scheduler | None = None
-
-        def checkpoint(p: Progress) -> None:
-            # job.json follows the ledger at every flush: a killed driver's successor reads it.
-            if scheduler is not None:
-                info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
-                if scheduler.candidates:
-                    info.shapley_candidates = scheduler.candidates
-                info.progress = _progress_json(p)
-                info.write(out)
 
         def on_interrupt(signum: int, frame: Any) -> None:
             # The first Ctrl-C stops new forks and lets those in flight settle; a second one
             # (or the grace period passing) stops at once.
-            if scheduler is None or interrupted:
+            if run.scheduler is None or interrupted:
                 raise KeyboardInterrupt
             interrupted.append(time.monotonic())
-            scheduler.governor.stop("interrupted (Ctrl-C)")
-
-        def settle(outcome: JobOutcome) -> None:
-            """The status the scheduler cannot know: interrupted, or nothing measured."""
-            if interrupted:
-                outcome.status = "interrupted"
-                outcome.notes.append(_interrupted_text(len(existing) + outcome.progress.done))
-            elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
-                outcome.status = "nothing_measured"
-                outcome.notes.append(
-                    "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
-                    f"{budget.max_forks or '∞'} forks"
-                    + (f", ${budget.max_usd:g}" if budget.max_usd else "")
-                    + f"); a budget that gives an answer: {answer_budget(job, tape)}"
-                )
+            run.scheduler.governor.stop("interrupted (Ctrl-C)")
 
         main = threading.current_thread() is threading.main_thread()
         before = signal.signal(signal.SIGINT, on_interrupt) if main else None
@@ -676,34 +819,18 @@ def _run_job(
                     # The aggregate stage takes no time: the finished line follows.
                     if not console.is_terminal and p.stage not in (stage, "aggregate"):
                         stage = p.stage
-                        line = progress_line(p, leader_text(scheduler, tape, p))
+                        line = progress_line(p, leader_text(run.scheduler, tape, p))
                         console.print(line, markup=False, highlight=False, soft_wrap=True)
                     if console.is_terminal and now - shown > 0.25:
-                        live.update(_progress_table(p, leader_text(scheduler, tape, p)))
+                        live.update(_progress_table(p, leader_text(run.scheduler, tape, p)))
                         shown = now
                     if now - saved > 1.0:
-                        checkpoint(p)
+                        run.checkpoint(p)
                         saved = now
 
-                scheduler = Scheduler(
-                    run_job,
-                    tape,
-                    job_id=job_id,
-                    executor=executor,
-                    sink=sink,
-                    budget=budget,
-                    prices=prices,
-                    already=existing,
-                    already_spent=already,
-                    carried=carried,
-                    already_elapsed_s=(ledger.elapsed_s if ledger else None) or 0.0,
-                    candidates=previous.shapley_candidates if previous else [],
-                    on_progress=show,
-                    on_submit=lambda: checkpoint(scheduler.progress) if scheduler else None,
-                )
-                scheduler.precise_only = run_job is not job  # --more on a complete job
+                scheduler = run.start(executor, ray_info, executor.worker_pids(), show)
                 outcome = scheduler.run()
-                settle(outcome)
+                run.settle(outcome, bool(interrupted))
                 final = leader_text(scheduler, tape, outcome.progress)
                 if console.is_terminal:
                     live.update(_progress_table(outcome.progress, final))
@@ -711,62 +838,19 @@ def _run_job(
                     line = progress_line(outcome.progress, final, f"finished ({outcome.status})")
                     console.print(line, markup=False, highlight=False, soft_wrap=True)
         except KeyboardInterrupt:
-            # Forks still in flight keep their reservations (carried over by the next run).
-            with contextlib.suppress(OutputError):
-                sink.close()
-            if scheduler is not None:
-                info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
-            info.status, info.finished = "interrupted", _iso(time.time())
-            info.write(out)
-            done = scheduler.progress.done if scheduler else 0
-            raise Interrupted(_interrupted_text(len(existing) + done)) from None
+            raise Interrupted(_interrupted_text(run.stop())) from None
         except BaseException:
             # A full disk fails the close's flush too: report the first error; the journal
             # keeps every row the sink took, for the run that resumes the job.
             with contextlib.suppress(OutputError):
-                sink.close()
+                run.close()
             raise
         finally:
             if before is not None:
                 signal.signal(signal.SIGINT, before)
-            sink.close()
+            run.close()
             executor.shutdown()
-    if scheduler is not None:
-        warning = _constant_scorer(job, scheduler, recorded)
-        if warning:
-            outcome.notes.append(warning)
-    if carried.forks:
-        outcome.notes.append(
-            f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by forks an "
-            "earlier run left in flight: counted against the caps, not shown as spent"
-        )
-    info.status = outcome.status
-    info.notes = outcome.notes
-    if scheduler is not None:
-        info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
-        info.fork_statuses = dict(scheduler.statuses)
-        info.stages = {k: StageTime.model_validate(v) for k, v in scheduler.stage_times.items()}
-        info.shapley_candidates = scheduler.candidates
-    info.finished = _iso(time.time())
-    info.progress = _progress_json(outcome.progress)
-    info.wall_s = time.time() - started
-    info.lost_forks = outcome.progress.lost
-    # Forks that ended as provider_error (never scored, each run again), and every row's
-    # status (fork_statuses): a job whose forks mostly have no outcome is "failed".
-    info.provider_errors = outcome.progress.provider_errors
-    info.recorded_outcome = recorded
-    info.verdict = verdict(outcome.attribution, tape, outcome.status)
-    info.top_cause = top_cause(outcome.attribution, tape)
-    write_attribution(out, job_id, outcome.attribution)
-    info.write(out)
-    try:
-        from .report import render_report
-
-        page = render_report(tape=tape, attribution=outcome.attribution, job=info)
-        JobDir.of(out, job_id).write_atomic(page.encode("utf-8"), "report.html")
-    except ImportError:  # pragma: no cover - the report is optional on minimal installs
-        pass
-    return job_location(out, job_id), outcome
+    return run.finish(outcome), outcome
 
 
 def _iso(epoch_s: float) -> str:

@@ -308,8 +308,17 @@ class RayExecutor:
     def add_tape(self, tape_id: str, raw: bytes) -> None:
         self._tapes[tape_id] = ray.put(raw)
 
+    def drop_tape(self, tape_id: str) -> None:
+        """Forget a tape no fork will need again (a batch's finished trace)."""
+        self._tapes.pop(tape_id, None)
+
+    def _tapes_of(self, tape_ids: Iterable[str]) -> dict[str, Any]:
+        """The object refs of the tapes a call needs (not every tape a batch holds)."""
+        return {t: self._tapes[t] for t in set(tape_ids)}
+
     def verify(self, tape_id: str) -> Verified:
-        result: dict[str, Any] = ray.get(self.workers[0].verify.remote(self._tapes, tape_id))
+        tapes = self._tapes_of([tape_id])
+        result: dict[str, Any] = ray.get(self.workers[0].verify.remote(tapes, tape_id))
         if "user_code_error" in result:
             raise UserCodeError(**result["user_code_error"])
         if result["ok"]:
@@ -353,7 +362,8 @@ class RayExecutor:
                 (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json(), i.job_id)
                 for i in batch
             ]
-            ref = self.workers[index].run_batch.remote(self._tapes, payload)
+            tapes = self._tapes_of(i.spec.tape_id for i in batch)
+            ref = self.workers[index].run_batch.remote(tapes, payload)
             self._pending[ref] = (index, batch)
 
     def wait(self, timeout_s: float = 0.5) -> Iterable[list[Row] | BatchLost]:

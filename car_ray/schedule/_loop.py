@@ -183,36 +183,76 @@ class _Slot:
 
 
 class RunLoop:
-    """Runs jobs (`add`) to their end on one executor (`run`), under `policies`."""
+    """Runs jobs (`add`) to their end on one executor (`run`), under `policies`. At most
+    `max_active` jobs are begun at once (the rest wait in order: a batch of 500 traces keeps
+    a few dozen in flight, enough to fill the window); `on_done` hears of each job as it
+    finishes, and the loop forgets it."""
 
-    def __init__(self, executor: Executor, policies: list[Admission] | None = None) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        policies: list[Admission] | None = None,
+        *,
+        max_active: int | None = None,
+        on_done: Callable[[JobSource], None] | None = None,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
         self.executor = executor
         self.policies: list[Admission] = list(policies or [])
         self.slots: dict[str, _Slot] = {}
+        self.pending: list[JobSource] = []
+        self.max_active = max_active
+        self.on_done = on_done or (lambda source: None)
+        self.on_wait = on_wait or (lambda: None)
+        self.stopped = False
         self._turn = 0
 
     def add(self, source: JobSource) -> None:
-        if source.job_id in self.slots:
+        if source.job_id in self.slots or any(p.job_id == source.job_id for p in self.pending):
             raise ValueError(f"job {source.job_id!r} is in this run loop already")
-        self.slots[source.job_id] = _Slot(source)
+        self.pending.append(source)
+
+    def stop(self) -> None:
+        """Begin no more jobs: those begun run to their end (their stages see the refusals
+        of their own ledgers)."""
+        self.stopped = True
+
+    def _activate(self) -> None:
+        """Begin waiting jobs while fewer than `max_active` run."""
+        while self.pending and not self.stopped:
+            if self.max_active is not None and len(self.slots) >= self.max_active:
+                return
+            source = self.pending.pop(0)
+            slot = self.slots[source.job_id] = _Slot(source)
+            slot.finished = not source.begin()
+
+    def _retire(self) -> None:
+        for job_id, slot in list(self.slots.items()):
+            if slot.finished:
+                del self.slots[job_id]
+                self.on_done(slot.source)
 
     def run(self) -> None:
         """Run every job added until its plan ends (or its budget does)."""
-        for slot in self.slots.values():
-            slot.finished = not slot.source.begin()
         while True:
+            self._activate()
+            self._retire()
             active = [s for s in self.slots.values() if not s.finished]
             if not active:
+                if self.pending and not self.stopped:
+                    continue
                 return
             # Each job in turn first, so no job always fills a shared window before another.
             self._turn = (self._turn + 1) % len(active)
             for slot in active[self._turn :] + active[: self._turn]:
                 self._admit(slot)
+            self._retire()
             if self.executor.in_flight == 0:
                 continue
             for slot in active:
                 if slot.in_flight:
                     slot.source.in_flight_now(slot.in_flight)
+            self.on_wait()
             for result in self.executor.wait(WAIT_S):
                 if isinstance(result, BatchLost):
                     for item in result.items:
@@ -221,8 +261,9 @@ class RunLoop:
                 for row in result:
                     self._row(row)
             for slot in active:
-                slot.source.sink.maybe_flush()
-                slot.source.tick()
+                if not slot.finished:
+                    slot.source.sink.maybe_flush()
+                    slot.source.tick()
 
     # -- admission ------------------------------------------------------------------------------
 
