@@ -617,6 +617,11 @@ class JobRun:
         self.sink: ForkSink | None = None
         self.scheduler: Scheduler | None = None
 
+    def cap(self, budget: Budget) -> None:
+        """Run under `budget` instead (a batch's share for this trace), before `start`."""
+        self.budget = budget
+        self.info.budget = Caps(**budget.as_dict())
+
     def start(
         self,
         executor: Executor,

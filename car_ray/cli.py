@@ -560,6 +560,78 @@ def attribute_cmd(
     _finish_outcome(folder, outcome, as_json, tape)
 
 
+@app.command("batch")
+def batch_cmd(
+    tapes: Annotated[
+        list[str] | None, typer.Argument(help="tape files (besides --from's)", show_default=False)
+    ] = None,
+    job_file: Annotated[
+        Path, typer.Option("--job", help="the job file every trace is attributed with")
+    ] = Path("job.toml"),
+    source: Annotated[
+        str | None,
+        typer.Option(
+            "--from",
+            help="a folder of recorded runs (car_ray.recording's): those marked failed; "
+            "without marks, every *.tape",
+        ),
+    ] = None,
+    budget_usd: Annotated[
+        float | None, typer.Option(help="dollars over every trace of the batch")
+    ] = None,
+    max_forks: Annotated[int | None, typer.Option(help="forks over every trace")] = None,
+    split: Annotated[
+        str,
+        typer.Option(
+            help="how the budget is split: adaptive (an equal share of what is left as each "
+            "trace starts: traces that separate early give back the rest), equal, or "
+            "priority (by the manifest's priorities)"
+        ),
+    ] = "adaptive",
+    manifest: Annotated[
+        Path | None,
+        typer.Option(help="manifest.json of priorities and planted causes (default: --from's)"),
+    ] = None,
+    out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
+    address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Attribute many failure traces under one budget, in one shared worker pool; output
+    partitioned by trace (<out>/<batch_id>/trace=<id>/), a summary and a batch page."""
+    from .batch import batch_text, find_tapes, read_manifest_for, rows_json, run_batch
+    from .execute import NoWorkers
+    from .results import OutputError
+
+    if split not in ("adaptive", "equal", "priority"):
+        raise _fail(f"--split {split!r}: give adaptive, equal or priority")
+    job = _job(job_file)
+    try:
+        found = find_tapes(source, tapes or [])
+        entries = read_manifest_for(manifest, source)
+        result = run_batch(
+            job,
+            found,
+            out=out,
+            budget_usd=budget_usd,
+            max_forks=max_forks,
+            split=split,  # type: ignore[arg-type]
+            manifest=entries,
+            address=address,
+            console=err if as_json else console,
+        )
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
+    except (TapeError, JobFileError, ValueError, OutputError) as exc:
+        raise _fail(str(exc)) from None
+    except NoWorkers as exc:
+        raise _fail(f"{exc}; rerun the same command to continue the batch") from None
+    if as_json:
+        print(rows_json(result))
+    else:
+        console.print(batch_text(result), markup=False, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
 def _finish_outcome(folder: str, outcome: Any, as_json: bool, tape: Tape | None = None) -> None:
     """Print a job's outcome (a table and lines, or --json) and exit with its verdict."""
     from .attribute import EXIT_FAILED, summary

@@ -68,7 +68,8 @@ def writing(path: str) -> Iterator[None]:
         ) from exc
 
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# `=` too: a batch's trace folders are hive partitions (`trace=<id>`).
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]*$")
 # Filesystems whose files are objects: a write is one whole object (a PUT), visible whole or
 # not at all, and there is no rename (a move is a copy and a delete).
 _OBJECT_STORES = frozenset({"s3", "gcs"})
@@ -154,7 +155,7 @@ class JobDir:
     def of(cls, out: str | Path, job_id: str) -> JobDir:
         if not _JOB_ID.match(job_id):
             raise ValueError(
-                f"job id {job_id!r}: use letters, digits, '.', '_' or '-', not starting with "
+                f"job id {job_id!r}: use letters, digits, '.', '_', '=' or '-', not starting with "
                 "'.' or '-' (it names a folder)"
             )
         if is_uri(out):

@@ -84,8 +84,10 @@ class SharedBudget(Policy):
     """One ledger over every job (a batch's or a sweep's cap): a fork starts only if it fits
     here as well as in its job's own ledger."""
 
-    def __init__(self, budget: Budget) -> None:
-        self.governor = BudgetGovernor(budget)
+    def __init__(
+        self, budget: Budget, *, already_spent: Cost = Cost(), carried: Cost = Cost()
+    ) -> None:
+        self.governor = BudgetGovernor(budget, already_spent=already_spent, carried=carried)
         self.overspent: list[str] = []
 
     def admit(self, job_id: str, key: str, estimate: Cost) -> bool:
@@ -196,6 +198,7 @@ class RunLoop:
         max_active: int | None = None,
         on_done: Callable[[JobSource], None] | None = None,
         on_wait: Callable[[], None] | None = None,
+        feed: Callable[[], JobSource | None] | None = None,
     ) -> None:
         self.executor = executor
         self.policies: list[Admission] = list(policies or [])
@@ -204,6 +207,9 @@ class RunLoop:
         self.max_active = max_active
         self.on_done = on_done or (lambda source: None)
         self.on_wait = on_wait or (lambda: None)
+        # More jobs, made when there is room for them (a batch's next trace: its share of
+        # the budget is set then); None when there are no more.
+        self.feed = feed
         self.stopped = False
         self._turn = 0
 
@@ -218,11 +224,18 @@ class RunLoop:
         self.stopped = True
 
     def _activate(self) -> None:
-        """Begin waiting jobs while fewer than `max_active` run."""
-        while self.pending and not self.stopped:
+        """Begin waiting jobs (then `feed`'s) while fewer than `max_active` run."""
+        while not self.stopped:
             if self.max_active is not None and len(self.slots) >= self.max_active:
                 return
-            source = self.pending.pop(0)
+            if self.pending:
+                source = self.pending.pop(0)
+            else:
+                fed = self.feed() if self.feed is not None else None
+                if fed is None:
+                    self.feed = None
+                    return
+                source = fed
             slot = self.slots[source.job_id] = _Slot(source)
             slot.finished = not source.begin()
 
@@ -239,7 +252,7 @@ class RunLoop:
             self._retire()
             active = [s for s in self.slots.values() if not s.finished]
             if not active:
-                if self.pending and not self.stopped:
+                if (self.pending or self.feed is not None) and not self.stopped:
                     continue
                 return
             # Each job in turn first, so no job always fills a shared window before another.

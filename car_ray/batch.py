@@ -1,0 +1,674 @@
+"""`car-ray batch`: many failure traces attributed under one budget, in one run loop.
+
+Every trace is a job of the same job file on its own tape (`JobRun`), in its own folder
+`<out>/<batch_id>/trace=<id>`; the traces share one Ray worker pool, one window and one
+ledger (`SharedBudget`), and at most `MAX_ACTIVE` of them are begun at once, so the pool is
+never idle while a trace waits on its stage. A trace that cannot be attributed (a corrupt
+or incomplete tape, one whose outcome is not bad, another agent's, a prefix that no longer
+replays) is reported with its reason and the batch goes on. A rerun of the same command on
+the same output continues: finished traces are read back, interrupted ones resume from
+their rows, and the batch's budget counts what every earlier run spent."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.dataset as pads
+import structlog
+from rich.console import Console
+
+from ._canon import digest_of
+from ._usercode import UserCodeError
+from .attribute import (
+    EXIT_FAILED,
+    JobRun,
+    _iso,
+    check_tape,
+    live_provider,
+    make_executor,
+)
+from .execute import RayExecutor, cluster_info, init_ray
+from .job import Job
+from .results import (
+    TRACE_ROWS,
+    BatchInfo,
+    Caps,
+    Held,
+    JobInfo,
+    RayInfo,
+    Spend,
+    Split,
+    TraceRow,
+    TraceState,
+    hold_job,
+    job_location,
+    shown,
+    write_rows,
+)
+from .schedule import Budget, Cost, Scheduler, effective_budget
+from .schedule._loop import JobSource, RunLoop, SharedBudget, Window
+from .tape import LlmEvent, Tape, ToolEvent, load_tape
+
+log = structlog.get_logger("car_ray.batch")
+
+# Traces begun at once: enough that the window stays full while some wait on a stage's
+# turn (a trace's stage often wants a handful of forks, then waits for their rows).
+MAX_ACTIVE = 24
+# A batch whose traces mostly end without an answer is a failed batch (exit 1).
+FAILED_SHARE = 0.5
+# Job statuses of a trace that has ended (an interrupted or running one resumes).
+ENDED = {"complete", "budget_exhausted", "nothing_measured", "failed", "control_failed"}
+ENDED |= {"verify_failed"}
+UNATTRIBUTABLE = {"corrupt", "not_failing", "other_agent", "divergent", "agent_error"}
+
+
+@dataclass
+class Trace:
+    """A trace of the batch: its tape (loaded, or the reason it could not be), where its
+    job lives in the batch folder, and what the manifest says of it."""
+
+    given: str  # the tape's path as given
+    name: str  # the partition value: the tape id's first 16 hex digits, or the file's stem
+    tape: Tape | None = None
+    recorded: float | None = None
+    status: str = "pending"
+    reason: str | None = None
+    priority: float | None = None
+    planted: str | None = None
+    cap: Budget | None = None
+    run: JobRun | None = None
+    row: TraceRow | None = None
+
+    @property
+    def job_id(self) -> str:
+        return f"trace={self.name}"
+
+
+@dataclass
+class BatchResult:
+    """What `run_batch` ended with: the batch's folder, its batch.json and a row a trace."""
+
+    folder: str
+    info: BatchInfo
+    rows: list[TraceRow] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every trace ended and most have an answer; 1 otherwise (traces the budget
+        never reached, or mostly failed ones); 130 interrupted."""
+        if self.info.status == "interrupted":
+            return 130
+        if self.info.status != "complete":
+            return 1
+        bad = [r for r in self.rows if r.status in EXIT_FAILED or r.status in UNATTRIBUTABLE]
+        return 1 if self.rows and len(bad) / len(self.rows) > FAILED_SHARE else 0
+
+
+def find_tapes(source: str | None, tapes: Sequence[str]) -> list[str]:
+    """The tapes a batch attributes: `source`'s failing runs (a recording folder whose tapes
+    carry marks: those marked failed; without any mark: every `*.tape`), then `tapes`."""
+    from .recorder import failing_tapes
+
+    found: list[str] = []
+    if source is not None:
+        folder = Path(source)
+        if not folder.is_dir():
+            raise ValueError(
+                f"--from {source}: no such folder (give the folder car_ray.recording writes "
+                "its tapes to, or list tapes after the options)"
+            )
+        if any(folder.glob("*.mark.json")):
+            found = [str(p) for p in failing_tapes(folder)]
+        else:
+            found = [str(p) for p in sorted(folder.glob("*.tape")) if not p.name.startswith(".")]
+    found += [str(t) for t in tapes]
+    if not found:
+        raise ValueError(
+            f"no tapes to attribute{f' in {source}' if source else ''}: give --from a folder "
+            "of recorded runs (marked failed) or tape files"
+        )
+    return list(dict.fromkeys(found))
+
+
+def _load(job: Job, given: str) -> Trace:
+    """The trace of tape `given`, or one that says why it cannot be attributed."""
+    try:
+        tape = load_tape(Path(given))
+        tape.require_sealed()
+    except (OSError, ValueError) as exc:
+        stem = Path(given).name.removesuffix(".tape")
+        return Trace(given, stem, status="corrupt", reason=_line(exc))
+    trace = Trace(given, tape.tape_id[:16], tape=tape)
+    try:
+        trace.recorded = check_tape(job, tape)
+    except (ValueError, UserCodeError) as exc:
+        # Another agent's tape (the job's agent cannot replay it), or not a failure.
+        other = tape.header.agent != job.spec.agent
+        trace.status, trace.reason = ("other_agent" if other else "not_failing"), _line(exc)
+        if other and isinstance(exc, UserCodeError):
+            trace.reason = _line(
+                ValueError(
+                    f"recorded by agent {tape.header.agent!r}, which {job.spec.agent!r} does "
+                    f"not replay ({exc})"
+                )
+            )
+    return trace
+
+
+def read_manifest_for(manifest: Path | None, source: str | None) -> dict[str, dict[str, Any]]:
+    """Priorities and planted causes by tape file name: `manifest`, else `source`'s
+    manifest.json if it has one, else none."""
+    path = manifest or (Path(source) / "manifest.json" if source else None)
+    if path is None or (manifest is None and not path.exists()):
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: cannot read the manifest ({_line(exc)})") from None
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a JSON list of {{tape, priority, planted}}")
+    out: dict[str, dict[str, Any]] = {}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or not isinstance(e.get("tape"), str):
+            raise ValueError(f"{path}: entry {i} has no 'tape' (the tape's file name)")
+        out[e["tape"]] = e
+    return out
+
+
+def _line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:500]
+
+
+def batch_id_of(job: Job, traces: Sequence[Trace], split: Split) -> str:
+    """The same job file and code over the same tapes, split the same way, is the same batch
+    (budget aside: a rerun with a larger one continues it)."""
+    identity = {
+        "request": job.request_identity(),
+        "code": job.source_digests(),
+        "tapes": sorted(t.tape.tape_id if t.tape else t.given for t in traces),
+        "split": split,
+    }
+    return f"{job.name}-batch-{digest_of(identity)[:12]}"
+
+
+def _min(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class Shares:
+    """A trace's caps when it begins: the job's own (`effective_budget`), within its share
+    of the batch's budget by the split policy (`Split`)."""
+
+    def __init__(self, split: Split, budget: Budget, traces: list[Trace]) -> None:
+        self.split, self.budget = split, budget
+        runnable = [t for t in traces if t.tape is not None and t.status == "pending"]
+        self.weights = {
+            t.name: (t.priority or 1.0) if split == "priority" else 1.0 for t in runnable
+        }
+        self.total = sum(self.weights.values()) or 1.0
+        self.left = len(runnable)
+
+    def cap(self, trace: Trace, job: Job, shared: SharedBudget, running: list[Trace]) -> Budget:
+        assert trace.tape is not None
+        own = job.spec.budget
+        steps = len(trace.tape.steps) if job.spec.method == "auto" else None
+        base = effective_budget(
+            Budget(own.max_forks, own.max_usd, own.max_tokens, own.max_wall_s), steps
+        )
+        b = self.budget
+        if self.split == "adaptive":
+            # An equal share of what is left: the spend so far, and what running traces may
+            # still spend up to their caps, is not left.
+            held = Cost()
+            for other in running:
+                if other.cap is not None and other.run is not None and other.run.scheduler:
+                    spent = other.run.scheduler.governor.spent
+                    held += Cost(
+                        max(0, (other.cap.max_forks or 0) - spent.forks),
+                        max(0.0, (other.cap.max_usd or 0.0) - spent.usd),
+                        0,
+                    )
+            g = shared.governor.spent + shared.governor.carried
+            n = max(1, self.left)
+            usd = None if b.max_usd is None else max(0.0, (b.max_usd - g.usd - held.usd) / n)
+            forks = None if b.max_forks is None else (b.max_forks - g.forks - held.forks) // n
+        else:
+            part = self.weights.get(trace.name, 1.0) / self.total
+            usd = None if b.max_usd is None else b.max_usd * part
+            forks = None if b.max_forks is None else int(b.max_forks * part)
+        self.left -= 1
+        # A resumed trace's caps are its total across runs: what it spent is on top.
+        already = trace.run.already + trace.run.carried if trace.run else Cost()
+        if forks is not None:
+            forks = max(1, forks) + already.forks
+        if usd is not None:
+            usd = max(usd, 1e-9) + already.usd
+        max_forks = _min(base.max_forks, forks)
+        return Budget(
+            max_forks=None if max_forks is None else int(max_forks),
+            max_usd=_min(base.max_usd, usd),
+            max_tokens=base.max_tokens,
+            max_wall_s=base.max_wall_s,
+        )
+
+
+def _top_fields(tape: Tape | None, top: dict[str, Any] | None) -> dict[str, Any]:
+    """TraceRow's top_* fields from job.json's `top_cause`."""
+    if not top or not top.get("steps"):
+        return {}
+    first = top["steps"][0]
+    step = int(first["step"])
+    out: dict[str, Any] = {
+        "top_step": step,
+        "top_intervention": top.get("intervention"),
+        "top_measure": top.get("measure"),
+        "top_value": first.get("value"),
+        "top_lo": first.get("low"),
+        "top_hi": first.get("high"),
+        "top_what": first.get("what"),
+        "top_alone": len(top["steps"]) == 1,
+    }
+    if tape is not None and 0 <= step < len(tape.steps):
+        event = tape.steps[step]
+        if isinstance(event, LlmEvent):
+            calls = (event.action or {}).get("tool_calls") or []
+            out["top_kind"] = "llm"
+            out["top_model"] = f"{event.provider}:{event.model}"
+            out["top_tool"] = calls[0].get("name") if calls else None
+        elif isinstance(event, ToolEvent):
+            out["top_kind"] = "tool"
+            out["top_tool"] = event.name
+    return out
+
+
+def trace_row(trace: Trace, info: JobInfo | None) -> TraceRow:
+    """A trace's row of traces.parquet, from its job.json (None: it never ran)."""
+    spend = info.ledger.spent if info is not None and info.ledger else Spend()
+    cap = trace.cap
+    return TraceRow(
+        trace=trace.name,
+        tape=trace.given,
+        tape_id=trace.tape.tape_id if trace.tape else None,
+        folder=trace.job_id,
+        status=info.status if info is not None else trace.status,
+        reason=trace.reason or _reason(info),
+        priority=trace.priority,
+        cap_usd=cap.max_usd if cap else None,
+        cap_forks=cap.max_forks if cap else None,
+        forks=spend.forks,
+        usd=spend.usd,
+        tokens=spend.tokens,
+        wall_s=info.wall_s if info is not None else None,
+        verdict=info.verdict if info is not None else None,
+        planted=trace.planted,
+        **_top_fields(trace.tape, info.top_cause if info is not None else None),
+    )
+
+
+def _reason(info: JobInfo | None) -> str | None:
+    """What a trace whose job did not give an answer says (its first note)."""
+    if info is None or info.status in ("complete", "budget_exhausted") or not info.notes:
+        return None
+    return " ".join(info.notes[0].split())[:500]
+
+
+def batch_forks(folder: str) -> pads.Dataset:
+    """Every trace's fork rows of a batch folder as one dataset, `trace` a column (hive
+    partitioning on `trace=<id>`)."""
+    from .results._output import _from_uri, is_uri
+
+    if is_uri(folder):
+        fs, root = _from_uri(folder)
+    else:
+        import pyarrow.fs as pafs
+
+        fs, root = pafs.LocalFileSystem(), str(Path(folder).resolve())
+    import pyarrow.fs as pafs
+
+    files = [
+        f.path
+        for f in fs.get_file_info(pafs.FileSelector(root, recursive=True))
+        if f.type == pafs.FileType.File
+        and "/forks/" in f.path
+        and f.base_name.startswith("part-")
+        and f.base_name.endswith(".parquet")
+    ]
+    return pads.dataset(
+        sorted(files),
+        filesystem=fs,
+        format="parquet",
+        partitioning=pads.partitioning(flavor="hive"),
+        partition_base_dir=root,
+    )
+
+
+ProgressFn = Callable[[str], None]
+
+
+def run_batch(
+    job: Job,
+    tapes: Sequence[str],
+    *,
+    out: str | None = None,
+    budget_usd: float | None = None,
+    max_forks: int | None = None,
+    split: Split = "adaptive",
+    manifest: dict[str, dict[str, Any]] | None = None,
+    address: str | None = None,
+    console: Console | None = None,
+    max_active: int = MAX_ACTIVE,
+) -> BatchResult:
+    """Attribute `tapes` (paths) with `job` under one budget; see the module's text.
+    `manifest` maps a tape's file name to its `priority` and `planted` cause."""
+    console = console or Console()
+    if budget_usd is None and max_forks is None:
+        raise ValueError(
+            "a batch needs a budget: give --budget-usd (dollars over every trace) and/or "
+            "--max-forks"
+        )
+    if budget_usd is not None and not budget_usd > 0:
+        raise ValueError(f"--budget-usd {budget_usd:g}: must be more than 0")
+    if max_forks is not None and max_forks < 1:
+        raise ValueError(f"--max-forks {max_forks}: must be at least 1")
+    out = out or job.spec.out
+    traces = [_load(job, t) for t in tapes]
+    for trace in traces:
+        entry = (manifest or {}).get(Path(trace.given).name, {})
+        trace.priority = entry.get("priority")
+        trace.planted = entry.get("planted")
+    names = [t.name for t in traces]
+    if len(set(names)) < len(names):  # the same tape twice (a copy under another name)
+        seen: set[str] = set()
+        kept = []
+        for t in traces:
+            if t.name not in seen:
+                seen.add(t.name)
+                kept.append(t)
+        traces = kept
+    batch_id = batch_id_of(job, traces, split)
+    folder = job_location(out, batch_id)
+    budget = Budget(max_forks=max_forks, max_usd=budget_usd)
+    with hold_job(out, batch_id) as held:
+        return _run(
+            job, traces, out, batch_id, folder, budget, split, address, console, held, max_active
+        )
+
+
+def _run(
+    job: Job,
+    traces: list[Trace],
+    out: str,
+    batch_id: str,
+    folder: str,
+    budget: Budget,
+    split: Split,
+    address: str | None,
+    console: Console,
+    held: Held,
+    max_active: int,
+) -> BatchResult:
+    previous = BatchInfo.read(out, batch_id)
+    started = time.time()
+    info = BatchInfo(
+        batch_id=batch_id,
+        kind="batch",
+        job_file=str(job.path),
+        request=job.spec.model_dump(mode="json"),
+        split=split,
+        budget=Caps(**budget.as_dict()),
+        runs=(previous.runs if previous else 0) + 1,
+        started=_iso(started),
+    )
+    quiet = Console(quiet=True)  # a trace's own "resuming" line: the batch says it once
+    # What every earlier run spent: finished traces' ledgers, and resumed ones' rows.
+    done_before = 0
+    carried_total = Cost()
+    spent_total = Cost()
+    for trace in traces:
+        if trace.tape is None or trace.status != "pending":
+            continue
+        old = JobInfo.read(folder, trace.job_id)
+        state = previous.traces.get(trace.name) if previous else None
+        if state is not None and state.cap is not None:
+            c = state.cap
+            trace.cap = Budget(c.max_forks, c.max_usd, c.max_tokens, c.max_wall_s)
+        if old is not None and old.status in ENDED:
+            trace.status = old.status
+            trace.row = trace_row(trace, old)
+            spent = old.ledger.spent if old.ledger else Spend()
+            spent_total += Cost(spent.forks, spent.usd, spent.tokens)
+            done_before += 1
+        elif old is not None:
+            assert trace.recorded is not None
+            trace.run = JobRun(
+                job,
+                trace.tape,
+                folder,
+                trace.job_id,
+                recorded=trace.recorded,
+                held=held,
+                console=quiet,
+            )
+            spent_total += trace.run.already
+            carried_total += trace.run.carried
+    for trace in traces:
+        info.traces[trace.name] = TraceState(
+            tape=trace.given,
+            tape_id=trace.tape.tape_id if trace.tape else None,
+            folder=trace.job_id,
+            job_id=trace.job_id,
+            priority=trace.priority,
+            planted=trace.planted,
+            status=trace.status,
+            reason=trace.reason,
+        )
+    runnable = [t for t in traces if t.tape is not None and t.status == "pending"]
+    shared = SharedBudget(budget, already_spent=spent_total, carried=carried_total)
+    shares = Shares(split, budget, runnable)
+    bad = len([t for t in traces if t.status in UNATTRIBUTABLE])
+    console.print(
+        f"batch {batch_id}: {len(traces)} traces ({len(runnable)} to run, {done_before} done "
+        f"before, {bad} not attributable) → {shown(folder)}",
+        markup=False,
+        highlight=False,
+    )
+    if previous is not None and runnable:
+        console.print(
+            f"continuing: {spent_total.forks} forks, ${spent_total.usd:.4f} spent by earlier "
+            "runs; the budget is the batch's total across runs",
+            markup=False,
+        )
+    info.write(out)
+    interrupted: list[float] = []
+    running: dict[str, Trace] = {}
+    queue = list(runnable)
+    busy = [0.0, time.monotonic()]  # seconds with forks in flight, last look
+
+    def feed() -> JobSource | None:
+        while queue:
+            if interrupted:
+                return None
+            trace = queue.pop(0)
+            assert trace.tape is not None and trace.recorded is not None
+            left = shared.governor.remaining()
+            if left.forks == 0 or (left.usd is not None and left.usd <= 0):
+                queue.insert(0, trace)
+                return None
+            if trace.run is None:
+                trace.run = JobRun(
+                    job,
+                    trace.tape,
+                    folder,
+                    trace.job_id,
+                    recorded=trace.recorded,
+                    held=held,
+                    console=quiet,
+                )
+            if trace.cap is None or split == "adaptive":
+                trace.cap = shares.cap(trace, job, shared, list(running.values()))
+            else:
+                shares.left -= 1
+            trace.run.cap(trace.cap)
+            executor.add_tape(trace.tape.tape_id, trace.tape.path.read_bytes())
+            scheduler = trace.run.start(executor, ray_info, workers)
+            running[trace.job_id] = trace
+            state = info.traces[trace.name]
+            state.status = "running"
+            state.cap = Caps(**trace.cap.as_dict())
+            return scheduler
+        return None
+
+    def done(source: JobSource) -> None:
+        trace = running.pop(source.job_id)
+        assert isinstance(source, Scheduler) and trace.run is not None
+        outcome = source.outcome
+        assert outcome is not None
+        trace.run.settle(outcome, bool(interrupted))
+        trace.run.finish(outcome)
+        trace.status = outcome.status
+        trace.row = trace_row(trace, trace.run.info)
+        if outcome.status == "verify_failed":
+            trace.row.reason = trace.row.reason or "the recorded prefix no longer replays"
+        state = info.traces[trace.name]
+        state.status, state.reason = trace.status, trace.row.reason
+        if trace.tape is not None:
+            executor.drop_tape(trace.tape.tape_id)
+        trace.run = None  # its rows and estimators are on disk now
+        info.spent = _spend(shared)
+        info.write(out)
+
+    last = [0.0]
+
+    def tick() -> None:
+        now = time.monotonic()
+        if executor.in_flight:
+            busy[0] += now - busy[1]
+        busy[1] = now
+        if interrupted and now - interrupted[0] > 5.0:
+            raise KeyboardInterrupt
+        if now - last[0] < 2.0:
+            return
+        last[0] = now
+        ended = [t for t in traces if t.status in ENDED or t.status in UNATTRIBUTABLE]
+        spent = shared.governor.spent
+        cap = f" of ${budget.max_usd:g}" if budget.max_usd else ""
+        console.print(
+            f"  {len(ended)}/{len(traces)} traces ended, {len(running)} running, "
+            f"{spent.forks} forks, ${spent.usd:.4f}{cap} spent",
+            markup=False,
+            highlight=False,
+        )
+        info.spent = _spend(shared)
+        for trace in running.values():
+            if trace.run is not None:
+                trace.run.checkpoint()
+        info.write(out)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(time.monotonic())
+        loop.stop()
+        for trace in running.values():
+            if trace.run is not None and trace.run.scheduler is not None:
+                trace.run.scheduler.governor.stop("interrupted (Ctrl-C)")
+
+    main = threading.current_thread() is threading.main_thread()
+    # Nothing to run (every trace ended before, or cannot be attributed): start nothing.
+    if runnable:
+        with live_provider(job) as urls:
+            ray_info = RayInfo.model_validate(cluster_info(init_ray(address)))
+            executor: RayExecutor = make_executor(job, urls)
+            workers = executor.worker_pids()
+            window = job.spec.provider.concurrency
+            loop = RunLoop(
+                executor,
+                [Window(window), shared],
+                max_active=max_active,
+                on_done=done,
+                on_wait=tick,
+                feed=feed,
+            )
+            before = signal.signal(signal.SIGINT, on_interrupt) if main else None
+            try:
+                loop.run()
+            except KeyboardInterrupt:
+                for trace in running.values():
+                    if trace.run is not None:
+                        trace.run.stop()
+                interrupted.append(time.monotonic())
+            finally:
+                if before is not None:
+                    signal.signal(signal.SIGINT, before)
+                for trace in running.values():
+                    if trace.run is not None:
+                        trace.run.close()
+                executor.shutdown()
+    for trace in traces:
+        if trace.row is None:
+            old = JobInfo.read(folder, trace.job_id) if trace.tape is not None else None
+            trace.row = trace_row(trace, old if old is not None and old.status in ENDED else None)
+            if trace.row.status in ("pending", "running"):
+                trace.row.status = "interrupted" if interrupted and old else "pending"
+                trace.row.reason = (
+                    "not run: interrupted; rerun the same command to continue"
+                    if interrupted
+                    else "not run: the batch's budget ran out first; rerun with a larger "
+                    "--budget-usd/--max-forks on the same output to continue"
+                )
+        info.traces[trace.name].status = trace.row.status
+        info.traces[trace.name].reason = trace.row.reason
+    rows = [t.row for t in traces if t.row is not None]
+    unfinished = [r for r in rows if r.status in ("pending", "interrupted", "running")]
+    info.status = "interrupted" if interrupted else "budget_exhausted" if unfinished else "complete"
+    info.spent = _spend(shared)
+    info.finished = _iso(time.time())
+    info.wall_s = time.time() - started
+    info.busy_share = busy[0] / info.wall_s if info.wall_s else None
+    if shared.overspent:
+        info.notes.extend(f"OVERSPENT: {o}" for o in shared.overspent)
+    write_rows(out, batch_id, "traces.parquet", TRACE_ROWS, [r.model_dump() for r in rows])
+    _write_summary(out, batch_id, info, rows)
+    info.write(out)
+    return BatchResult(folder, info, rows)
+
+
+def _spend(shared: SharedBudget) -> Spend:
+    s = shared.governor.spent
+    return Spend(forks=s.forks, usd=s.usd, tokens=s.tokens)
+
+
+def _write_summary(out: str, batch_id: str, info: BatchInfo, rows: list[TraceRow]) -> None:
+    """summary.parquet and the batch's report page (once their writers are in)."""
+    del out, batch_id, info, rows
+
+
+def batch_text(result: BatchResult) -> str:
+    """The batch's outcome for the terminal: counts by status and where it all is."""
+    counts: dict[str, int] = {}
+    for r in result.rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    s = result.info.spent
+    return (
+        f"batch {result.info.status}: "
+        + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        + f"; {s.forks} forks, ${s.usd:.4f} spent in {result.info.wall_s or 0:.1f} s → "
+        + shown(result.folder)
+    )
+
+
+def rows_json(result: BatchResult) -> str:
+    return json.dumps(
+        {
+            "batch": result.info.model_dump(mode="json"),
+            "traces": [r.model_dump() for r in result.rows],
+        },
+        indent=2,
+    )

@@ -1,0 +1,190 @@
+"""`car-ray batch`: many failure traces under one budget in one shared pool, on the embedded
+Ray and the simulated provider; output partitioned by trace and readable as one dataset; an
+unattributable trace is reported, not fatal; a rerun continues; a SIGKILLed batch resumes
+with no finished row lost or duplicated and its one budget carried on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from car_ray.attribute import tape_outcome
+from car_ray.batch import batch_forks, run_batch
+from car_ray.job import Job
+from car_ray.job import load_job as load
+from car_ray.replay import BaseUrls, is_bad, record
+from car_ray.results import BatchInfo, ForkSink, JobInfo
+from car_ray.sim import SimServer
+from car_ray.tape import load_tape
+from car_ray.truth import solve
+
+from .conftest import ROOT, run, stop_session, support_job_file
+
+pytestmark = pytest.mark.usefixtures("ray_local")
+
+
+def _record_runs(job: Job, sim: SimServer, folder: Path, failing: int, passing: int) -> list[Path]:
+    """`failing` tapes of runs that went bad and `passing` of runs that did not, seeds 500.."""
+    folder.mkdir(parents=True, exist_ok=True)
+    bad: list[Path] = []
+    good: list[Path] = []
+    seed = 500
+    while len(bad) < failing or len(good) < passing:
+        path = folder / f"run{seed}.tape"
+        tape, _ = run(
+            record(
+                job.load("agent"),
+                job.spec.agent,
+                job.spec.input,
+                path,
+                base_urls=BaseUrls.for_server(sim.url),
+                seed=seed,
+            )
+        )
+        wanted = bad if is_bad(tape_outcome(job, tape)) else good
+        limit = failing if wanted is bad else passing
+        if len(wanted) < limit:
+            wanted.append(path)
+        else:
+            path.unlink()
+        seed += 1
+        assert seed < 600, "the demo policy should fail and pass within 100 seeds"
+    return bad + good
+
+
+def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
+    support_job: Job, support_sim: SimServer, tmp_path: Path
+) -> None:
+    tapes = tmp_path / "tapes"
+    paths = _record_runs(support_job, support_sim, tapes, failing=3, passing=1)
+    (tapes / "cut.tape").write_text('{"format": "car-ray-tape"')  # cut off mid-line
+    job = load(support_job_file(tmp_path / "job", paths[0]))
+    out = tmp_path / "out"
+    given = [str(p) for p in [*paths, tapes / "cut.tape"]]
+    result = run_batch(job, given, out=str(out), budget_usd=0.5, max_forks=600)
+
+    by_status = Counter(r.status for r in result.rows)
+    assert by_status == {"complete": 3, "not_failing": 1, "corrupt": 1}, result.rows
+    assert result.info.status == "complete" and result.exit_code == 0
+    cut = next(r for r in result.rows if r.status == "corrupt")
+    assert "cut.tape" in (cut.reason or "")
+    passing = next(r for r in result.rows if r.status == "not_failing")
+    assert "nothing to explain" in (passing.reason or "")
+
+    # Each trace's rank-1 step is its exact top cause (the solver on the same tape).
+    for row in result.rows:
+        if row.status != "complete":
+            continue
+        truth = run(solve(job, load_tape(Path(row.tape))))
+        assert row.top_step in truth.top, (row, truth.top)
+        assert (out / result.info.batch_id / row.folder / "report.html").exists()
+
+    # Partitioned by trace and readable as one dataset: its rows per trace are the forks
+    # each trace's ledger counts, and the batch's spend is the traces' total, within caps.
+    forks = batch_forks(result.folder).to_table(columns=["trace", "task_id", "cost_usd"])
+    per_trace = Counter(forks.column("trace").to_pylist())
+    done = [r for r in result.rows if r.status == "complete"]
+    assert per_trace == {r.trace: r.forks for r in done}
+    assert len(set(forks.column("task_id").to_pylist())) == forks.num_rows
+    assert result.info.spent.forks == sum(r.forks for r in done) <= 600
+    assert result.info.spent.usd == pytest.approx(sum(r.usd for r in done), abs=1e-9)
+    assert result.info.spent.usd <= 0.5
+    traces = pq.read_table(Path(result.folder) / "traces.parquet").to_pylist()
+    assert sorted(t["trace"] for t in traces) == sorted(r.trace for r in result.rows)
+
+    # The same command again: every trace ended, nothing runs, nothing is spent.
+    again = run_batch(job, given, out=str(out), budget_usd=0.5, max_forks=600)
+    assert again.info.spent == result.info.spent and again.info.runs == 2
+    assert [(r.trace, r.status, r.top_step) for r in again.rows] == [
+        (r.trace, r.status, r.top_step) for r in result.rows
+    ]
+
+
+def test_an_equal_split_caps_each_trace_at_its_share(
+    support_job: Job, support_sim: SimServer, tmp_path: Path
+) -> None:
+    paths = _record_runs(support_job, support_sim, tmp_path / "tapes", failing=3, passing=0)
+    job = load(support_job_file(tmp_path / "job", paths[0]))
+    result = run_batch(
+        job, [str(p) for p in paths], out=str(tmp_path / "out"), max_forks=60, split="equal"
+    )
+    for row in result.rows:
+        assert row.cap_forks == 20 and 0 < row.forks <= 20, row
+    assert result.info.spent.forks <= 60
+
+
+def _rows_on_disk(folder: Path) -> dict[str, list[str]]:
+    """Every trace's fork task ids on disk (parts and journal)."""
+    found = {}
+    for trace in sorted(folder.glob("trace=*")):
+        found[trace.name] = ForkSink.existing(folder, trace.name).column("task_id").to_pylist()
+    return found
+
+
+def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
+    support_job: Job, support_sim: SimServer, tmp_path: Path
+) -> None:
+    paths = _record_runs(support_job, support_sim, tmp_path / "tapes", failing=4, passing=0)
+    # Slow forks (80 ms a model call), so the kill lands with traces ended and running.
+    job_file = support_job_file(tmp_path / "job", paths[0], sim_latency_ms="80")
+    out = tmp_path / "out"
+    command = [
+        sys.executable, "-m", "car_ray.cli", "batch", "--job", str(job_file),
+        "--from", str(tmp_path / "tapes"), "--max-forks", "2000", "--budget-usd", "1",
+        "--out", str(out),
+    ]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "200"}
+    first = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        folder: Path | None = None
+        while time.monotonic() < deadline:
+            batches = list(out.glob("*-batch-*"))
+            if batches:
+                folder = batches[0]
+                ended = [
+                    j
+                    for j in folder.glob("trace=*/job.json")
+                    if json.loads(j.read_text()).get("status") == "complete"
+                ]
+                rows = _rows_on_disk(folder)
+                if ended and sum(1 for ids in rows.values() if ids) > len(ended):
+                    break
+            assert first.poll() is None, first.stderr.read() if first.stderr else ""
+            time.sleep(0.2)
+        else:
+            pytest.fail("the batch never had a trace ended and another with rows")
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        stop_session(first, timeout_s=10)
+    assert folder is not None
+    before = _rows_on_disk(folder)
+    spent_before = BatchInfo.model_validate_json((folder / "batch.json").read_text()).spent
+
+    second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout + second.stderr
+    after = _rows_on_disk(folder)
+    for trace, ids in before.items():
+        assert set(ids) <= set(after[trace]), f"{trace} lost rows it had before the kill"
+    for trace, ids in after.items():
+        assert len(ids) == len(set(ids)), f"{trace} has a fork twice"
+        info = JobInfo.read(folder, trace)
+        assert info is not None and info.status == "complete"
+    info = BatchInfo.model_validate_json((folder / "batch.json").read_text())
+    assert info.runs == 2 and info.status == "complete"
+    # One budget across both runs: it counts what the killed run spent.
+    assert info.spent.forks >= sum(len(ids) for ids in after.values())
+    assert info.spent.forks >= spent_before.forks and info.spent.usd <= 1.0
