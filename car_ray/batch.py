@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.dataset as pads
 import structlog
@@ -76,6 +76,7 @@ class Trace:
 
     given: str  # the tape's path as given
     name: str  # the partition value: the tape id's first 16 hex digits, or the file's stem
+    job: Job  # the job it runs (a sweep cell's: the job file with the cell's settings)
     tape: Tape | None = None
     recorded: float | None = None
     status: str = "pending"
@@ -85,10 +86,12 @@ class Trace:
     cap: Budget | None = None
     run: JobRun | None = None
     row: TraceRow | None = None
+    part: str = "trace"  # the partition key: trace, or a sweep's cell
+    settings: dict[str, Any] | None = None  # a sweep cell's settings
 
     @property
     def job_id(self) -> str:
-        return f"trace={self.name}"
+        return f"{self.part}={self.name}"
 
 
 @dataclass
@@ -144,8 +147,8 @@ def _load(job: Job, given: str) -> Trace:
         tape.require_sealed()
     except (OSError, ValueError) as exc:
         stem = Path(given).name.removesuffix(".tape")
-        return Trace(given, stem, status="corrupt", reason=_line(exc))
-    trace = Trace(given, tape.tape_id[:16], tape=tape)
+        return Trace(given, stem, job, status="corrupt", reason=_line(exc))
+    trace = Trace(given, tape.tape_id[:16], job, tape=tape)
     try:
         trace.recorded = check_tape(job, tape)
     except (ValueError, UserCodeError) as exc:
@@ -215,8 +218,9 @@ class Shares:
         self.total = sum(self.weights.values()) or 1.0
         self.left = len(runnable)
 
-    def cap(self, trace: Trace, job: Job, shared: SharedBudget, running: list[Trace]) -> Budget:
+    def cap(self, trace: Trace, shared: SharedBudget, running: list[Trace]) -> Budget:
         assert trace.tape is not None
+        job = trace.job
         own = job.spec.budget
         steps = len(trace.tape.steps) if job.spec.method == "auto" else None
         base = effective_budget(
@@ -308,6 +312,7 @@ def trace_row(trace: Trace, info: JobInfo | None) -> TraceRow:
         wall_s=info.wall_s if info is not None else None,
         verdict=info.verdict if info is not None else None,
         planted=trace.planted,
+        settings=json.dumps(trace.settings, sort_keys=True) if trace.settings else None,
         **_top_fields(trace.tape, info.top_cause if info is not None else None),
     )
 
@@ -413,12 +418,13 @@ def _run(
     console: Console,
     held: Held,
     max_active: int,
+    kind: Literal["batch", "sweep"] = "batch",
 ) -> BatchResult:
     previous = BatchInfo.read(out, batch_id)
     started = time.time()
     info = BatchInfo(
         batch_id=batch_id,
-        kind="batch",
+        kind=kind,
         job_file=str(job.path),
         request=job.spec.model_dump(mode="json"),
         split=split,
@@ -448,7 +454,7 @@ def _run(
         elif old is not None:
             assert trace.recorded is not None
             trace.run = JobRun(
-                job,
+                trace.job,
                 trace.tape,
                 folder,
                 trace.job_id,
@@ -468,14 +474,15 @@ def _run(
             planted=trace.planted,
             status=trace.status,
             reason=trace.reason,
+            settings=trace.settings,
         )
     runnable = [t for t in traces if t.tape is not None and t.status == "pending"]
     shared = SharedBudget(budget, already_spent=spent_total, carried=carried_total)
     shares = Shares(split, budget, runnable)
     bad = len([t for t in traces if t.status in UNATTRIBUTABLE])
     console.print(
-        f"batch {batch_id}: {len(traces)} traces ({len(runnable)} to run, {done_before} done "
-        f"before, {bad} not attributable) → {shown(folder)}",
+        f"{kind} {batch_id}: {len(traces)} {trace_word(kind)} ({len(runnable)} to run, "
+        f"{done_before} done before, {bad} not attributable) → {shown(folder)}",
         markup=False,
         highlight=False,
     )
@@ -503,7 +510,7 @@ def _run(
                 return None
             if trace.run is None:
                 trace.run = JobRun(
-                    job,
+                    trace.job,
                     trace.tape,
                     folder,
                     trace.job_id,
@@ -512,7 +519,7 @@ def _run(
                     console=quiet,
                 )
             if trace.cap is None or split == "adaptive":
-                trace.cap = shares.cap(trace, job, shared, list(running.values()))
+                trace.cap = shares.cap(trace, shared, list(running.values()))
             else:
                 shares.left -= 1
             trace.run.cap(trace.cap)
@@ -560,7 +567,7 @@ def _run(
         spent = shared.governor.spent
         cap = f" of ${budget.max_usd:g}" if budget.max_usd else ""
         console.print(
-            f"  {len(ended)}/{len(traces)} traces ended, {len(running)} running, "
+            f"  {len(ended)}/{len(traces)} {trace_word(kind)} ended, {len(running)} running, "
             f"{spent.forks} forks, ${spent.usd:.4f}{cap} spent",
             markup=False,
             highlight=False,
@@ -640,6 +647,10 @@ def _run(
     return BatchResult(folder, info, rows)
 
 
+def trace_word(kind: str) -> str:
+    return "cells" if kind == "sweep" else "traces"
+
+
 def _spend(shared: SharedBudget) -> Spend:
     s = shared.governor.spent
     return Spend(forks=s.forks, usd=s.usd, tokens=s.tokens)
@@ -657,7 +668,7 @@ def batch_text(result: BatchResult) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     s = result.info.spent
     return (
-        f"batch {result.info.status}: "
+        f"{result.info.kind} {result.info.status}: "
         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
         + f"; {s.forks} forks, ${s.usd:.4f} spent in {result.info.wall_s or 0:.1f} s → "
         + shown(result.folder)

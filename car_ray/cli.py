@@ -632,6 +632,37 @@ def batch_cmd(
     raise typer.Exit(result.exit_code)
 
 
+@app.command("sweep")
+def sweep_cmd(
+    sweep_file: Annotated[Path, typer.Argument(help="the sweep's TOML file (a grid of settings)")],
+    out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
+    address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+) -> None:
+    """Run a grid of settings over one or more tapes under one global cap, in one shared
+    pool; output partitioned by cell; a comparison table at the end. The same command on
+    the same output continues a sweep the cap or a kill stopped."""
+    from .batch import batch_text, rows_json
+    from .execute import NoWorkers
+    from .results import OutputError
+    from .sweep import comparison, run_sweep
+
+    try:
+        result = run_sweep(
+            sweep_file, out=out, address=address, console=err if as_json else console
+        )
+    except (TapeError, JobFileError, ValueError, OutputError) as exc:
+        raise _fail(str(exc)) from None
+    except NoWorkers as exc:
+        raise _fail(f"{exc}; rerun the same command to continue the sweep") from None
+    if as_json:
+        print(rows_json(result))
+    else:
+        console.print(comparison(result))
+        console.print(batch_text(result), markup=False, highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
 def _finish_outcome(folder: str, outcome: Any, as_json: bool, tape: Tape | None = None) -> None:
     """Print a job's outcome (a table and lines, or --json) and exit with its verdict."""
     from .attribute import EXIT_FAILED, summary

@@ -297,6 +297,7 @@ class RayExecutor:
         self.workers: list[Any] = [actor.remote(share) for _ in range(workers)]
         self.batch_size = batch_size
         self._tapes: dict[str, Any] = {}
+        self._tape_users: dict[str, int] = {}
         self._pending: dict[Any, tuple[int, list[Item]]] = {}
         self._health = WorkerHealth(self.workers)
         # Batches Ray never sent (their worker was restarting), waiting for a live worker.
@@ -306,11 +307,18 @@ class RayExecutor:
         self.rerouted_batches = 0
 
     def add_tape(self, tape_id: str, raw: bytes) -> None:
-        self._tapes[tape_id] = ray.put(raw)
+        """Hold a tape for forks (each `add_tape` is undone by one `drop_tape`)."""
+        if tape_id not in self._tapes:
+            self._tapes[tape_id] = ray.put(raw)
+        self._tape_users[tape_id] = self._tape_users.get(tape_id, 0) + 1
 
     def drop_tape(self, tape_id: str) -> None:
-        """Forget a tape no fork will need again (a batch's finished trace)."""
-        self._tapes.pop(tape_id, None)
+        """A job that needed the tape has ended (a batch's trace, a sweep's cell): forget
+        the tape once none needs it."""
+        self._tape_users[tape_id] = self._tape_users.get(tape_id, 1) - 1
+        if self._tape_users[tape_id] <= 0:
+            self._tapes.pop(tape_id, None)
+            del self._tape_users[tape_id]
 
     def _tapes_of(self, tape_ids: Iterable[str]) -> dict[str, Any]:
         """The object refs of the tapes a call needs (not every tape a batch holds)."""

@@ -104,6 +104,7 @@ class TraceState(BaseModel):
     status: str = "pending"
     reason: str | None = None
     cap: Caps | None = None
+    settings: dict[str, Any] | None = None  # a sweep cell's settings
 
 
 class BatchInfo(BaseModel):
