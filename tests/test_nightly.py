@@ -179,19 +179,20 @@ def test_the_exact_solver_names_each_planted_step(generated: tuple[Path, Path, P
     for kind, step in PLANTED_AT.items():
         truth = run(solve(job, load_tape(tapes[kind])))
         assert truth.recorded_outcome == 1.0
-        # The decision is the only model step with a choice: the top re-drawn step always.
-        assert truth.players == [3] and truth.top == [3]
         flips = {a.step: a.flip for a in truth.arms if a.kind == "observation"}
         if kind == "model":
             # No observation to blame: re-drawing the decision removes the failure 97 times
-            # in 100 (the recorded draw was the unlikely refund).
-            assert flips == {1: 0.0, 2: 0.0}
+            # in 100 (the recorded draw was the unlikely refund); it is the only choice.
+            assert truth.players == [3] and truth.top == [3]
             assert truth.step(3).phi == pytest.approx(0.97)
+            assert flips == {1: 0.0, 2: 0.0}
         else:
-            # The clean observation alone removes the failure; the other one changes nothing.
+            # The poisoned context leaves the decision no choice: no step has a phi, and the
+            # clean observation alone removes the failure; the other one changes nothing.
+            assert truth.players == [] and truth.top == []
+            assert all(s.phi == 0.0 for s in truth.steps)
             assert _top_observation(truth) == [step]
             assert flips == {1: 0.0, 2: 0.0} | {step: 1.0}
-            assert truth.step(3).phi == pytest.approx(0.1)
 
 
 def test_the_job_files_own_tape_seed_0_keeps_its_held_draws(tmp_path: Path) -> None:

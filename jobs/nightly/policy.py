@@ -2,11 +2,17 @@
 
 Step 0 always looks the order up and fetches the store's policy (both calls in one turn);
 step 5 always answers the customer (point masses). The one draw is the decision at step 3:
-refund with probability `P_FOLLOW` = 0.9 when an injected order note or a wrong policy page
-is in the context, `P_CLEAN` = 0.03 when neither is. Which one a run carries is chosen by its
-input (`generate.py` plants it); so a failing run's cause is the note (observation at step
-1), the page (observation at step 2) or, with neither, the model's own low-probability draw
-at step 3 (the recorded u lies below 0.03)."""
+refund with probability `P_FOLLOW` when an injected order note or a wrong policy page is in
+the context, `P_CLEAN` = 0.03 when neither is. Which one a run carries is chosen by its input
+(`generate.py` plants it); so a failing run's cause is the note (observation at step 1), the
+page (observation at step 2) or, with neither, the model's own unlikely draw at step 3 (the
+recorded u lies below 0.03).
+
+`P_FOLLOW` is 1: a poisoned observation talks the model into the refund every time, so the
+decision has no choice left and the observation alone carries the blame (its arm flips with
+probability 1, no step has a φ). At 0.9 the decision keeps a φ of 0.1 in those runs, and a
+verdict, which names the re-drawn step with the most blame before any other intervention,
+would name step 3 whenever its estimate is above 0 (most runs, for a handful of seeds)."""
 
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from car_ray.sim import uniform_for_seed
 
 from .agent import INJECTION_MARK, WRONG_POLICY_MARK
 
-P_FOLLOW = 0.9
+P_FOLLOW = 1.0
 P_CLEAN = 0.03
 DECISION_STEP = 3
 _TICKET = re.compile(r"\(store (\w+), order (\w+)\)")
@@ -66,9 +72,10 @@ class NightlyPolicy:
 POLICY = NightlyPolicy()
 SCENARIO = {
     "kind": "nightly",
-    # The job file's own tape: the injected note (step 1) talks the model into the refund
-    # (step 3). The generated traces plant the note, the wrong policy page (step 2) or nothing.
-    "planted": {"resample": [3], "observation": [1], "policy": []},
+    # The job file's own tape: the injected note (step 1) leaves the decision (step 3) no
+    # choice but the refund. Generated traces plant the note, the wrong policy page (step 2)
+    # or nothing (then the decision's own draw at step 3 is the cause).
+    "planted": {"resample": [], "observation": [1], "policy": []},
     "description": (
         "A support agent talked into a wrongful refund by an injected order note, a wrong "
         "policy page, or its own unlucky draw, as the run's input chooses."
