@@ -33,6 +33,7 @@ SCENARIOS = [
     "policy_fix",
     "null_control",
     "long_tape",
+    "nightly",
 ]
 STEP_COUNT = re.compile(r"the tape has (\d+) steps")
 LISTED_STEP = re.compile(r"(?<![\w.+])(\d+) (llm|tool)\b")

@@ -1,9 +1,19 @@
 """Recording in production: `recording(folder)` records each run of an agent function to its
 own tape with a mark beside it; `failing_tapes(folder)` lists the runs marked failed, for
-`car-ray batch --from FOLDER`."""
+`car-ray batch --from FOLDER`; `read_manifest(folder)` what its manifest says of each tape
+(priority, planted cause)."""
 
 from __future__ import annotations
 
+from ._manifest import (
+    MANIFEST_NAME,
+    ManifestEntry,
+    ManifestError,
+    manifest_path,
+    parse_manifest,
+    read_manifest,
+    write_manifest,
+)
 from ._marks import (
     MARK_SUFFIX,
     MarkedBy,
@@ -26,8 +36,11 @@ from ._recording import (
 )
 
 __all__ = [
+    "MANIFEST_NAME",
     "MARK_SUFFIX",
     "AsyncRecordedAgent",
+    "ManifestEntry",
+    "ManifestError",
     "MarkStatus",
     "MarkedBy",
     "MarkedTape",
@@ -36,10 +49,14 @@ __all__ = [
     "RunMark",
     "SyncRecordedAgent",
     "failing_tapes",
+    "manifest_path",
     "mark_path",
     "mark_tape",
     "marked_tapes",
+    "parse_manifest",
     "provider_base_urls",
+    "read_manifest",
     "read_mark",
     "recording",
+    "write_manifest",
 ]

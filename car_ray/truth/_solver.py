@@ -60,7 +60,10 @@ class _EnumeratingApp(SimApp):
     def __init__(self, policy: ScenarioPolicy, recorded_seed: int | None, steps: int) -> None:
         super().__init__(policy)
         span = range(steps + 64)
-        self._held = {step_seed(recorded_seed, k) for k in span} if recorded_seed else set()
+        # Seed 0 is a seed: a tape recorded with it re-answers held steps with its draws.
+        self._held = (
+            {step_seed(recorded_seed, k) for k in span} if recorded_seed is not None else set()
+        )
         self._fresh_step = {fresh_seed(_SEED, k): k for k in span}
         self.script: list[int] = []
         self.trace: list[_Draw] = []
