@@ -83,6 +83,7 @@ class Trace:
     reason: str | None = None
     priority: float | None = None
     planted: str | None = None
+    planted_step: int | None = None
     cap: Budget | None = None
     run: JobRun | None = None
     row: TraceRow | None = None
@@ -166,23 +167,19 @@ def _load(job: Job, given: str) -> Trace:
 
 
 def read_manifest_for(manifest: Path | None, source: str | None) -> dict[str, dict[str, Any]]:
-    """Priorities and planted causes by tape file name: `manifest`, else `source`'s
-    manifest.json if it has one, else none."""
-    path = manifest or (Path(source) / "manifest.json" if source else None)
+    """Priorities and planted causes by tape file name: `manifest` (a manifest.json), else
+    `source`'s manifest.json if it has one, else none."""
+    from .recorder import manifest_path, parse_manifest
+
+    path = manifest or (manifest_path(source) if source else None)
     if path is None or (manifest is None and not path.exists()):
         return {}
     try:
-        entries = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: cannot read the manifest ({_line(exc)})") from None
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a JSON list of {{tape, priority, planted}}")
-    out: dict[str, dict[str, Any]] = {}
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or not isinstance(e.get("tape"), str):
-            raise ValueError(f"{path}: entry {i} has no 'tape' (the tape's file name)")
-        out[e["tape"]] = e
-    return out
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the manifest ({exc.strerror})") from None
+    entries = parse_manifest(data, str(path))
+    return {name: e.model_dump() for name, e in entries.items()}
 
 
 def _line(exc: BaseException) -> str:
@@ -312,6 +309,7 @@ def trace_row(trace: Trace, info: JobInfo | None) -> TraceRow:
         wall_s=info.wall_s if info is not None else None,
         verdict=info.verdict if info is not None else None,
         planted=trace.planted,
+        planted_step=trace.planted_step,
         settings=json.dumps(trace.settings, sort_keys=True) if trace.settings else None,
         **_top_fields(trace.tape, info.top_cause if info is not None else None),
     )
@@ -388,6 +386,7 @@ def run_batch(
         entry = (manifest or {}).get(Path(trace.given).name, {})
         trace.priority = entry.get("priority")
         trace.planted = entry.get("planted")
+        trace.planted_step = entry.get("step")
     names = [t.name for t in traces]
     if len(set(names)) < len(names):  # the same tape twice (a copy under another name)
         seen: set[str] = set()

@@ -67,6 +67,7 @@ class TraceRow(BaseModel):
     top_alone: bool | None = None  # no other step's interval reaches it
     # What the trace was planted with, when the manifest says (generated traces).
     planted: str | None = None
+    planted_step: Int32 | None = None
     # A sweep cell's settings (what it changed from the job file), as JSON.
     settings: str | None = None
 
