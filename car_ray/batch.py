@@ -63,9 +63,12 @@ log = structlog.get_logger("car_ray.batch")
 MAX_ACTIVE = 24
 # A batch whose traces mostly end without an answer is a failed batch (exit 1).
 FAILED_SHARE = 0.5
-# Job statuses of a trace that has ended (an interrupted or running one resumes).
-ENDED = {"complete", "budget_exhausted", "nothing_measured", "failed", "control_failed"}
-ENDED |= {"verify_failed"}
+# Job statuses of a trace that has ended for good: a rerun reads it back. A trace its share
+# of the budget stopped (STOPPED) ended too, but a rerun with room left continues it, as it
+# does an interrupted one.
+FINAL = {"complete", "failed", "control_failed", "verify_failed"}
+STOPPED = {"budget_exhausted", "nothing_measured"}
+ENDED = FINAL | STOPPED
 UNATTRIBUTABLE = {"corrupt", "not_failing", "other_agent", "divergent", "agent_error"}
 
 
@@ -441,10 +444,12 @@ def _run(
             continue
         old = JobInfo.read(folder, trace.job_id)
         state = previous.traces.get(trace.name) if previous else None
-        if state is not None and state.cap is not None:
+        same_budget = previous is not None and previous.budget == info.budget
+        if state is not None and state.cap is not None and same_budget:
+            # Its share stands while the batch's budget does (a larger one is shared anew).
             c = state.cap
             trace.cap = Budget(c.max_forks, c.max_usd, c.max_tokens, c.max_wall_s)
-        if old is not None and old.status in ENDED:
+        if old is not None and old.status in FINAL:
             trace.status = old.status
             trace.row = trace_row(trace, old)
             spent = old.ledger.spent if old.ledger else Spend()

@@ -127,11 +127,13 @@ def run_sweep(
 ) -> BatchResult:
     console = console or Console()
     spec, job = load_sweep(path)
-    tapes = [str(path.parent / t) for t in spec.tapes] or (
-        [str(job.tape_path)] if job.tape_path else []
-    )
+    tapes = [str(path.parent / t) for t in spec.tapes]
     if not tapes:
-        raise JobFileError(f"{path}: no tapes: set 'tapes' (or 'tape' in {job.path})")
+        if job.tape_path is None:
+            raise JobFileError(f"{path}: no tapes: set 'tapes' (or 'tape' in {job.path})")
+        from ._scenario import ensure_tape  # a scenario's tape is recorded on first use
+
+        tapes = [str(ensure_tape(job).path)]
     out = out or spec.out or job.spec.out
     loaded = {t: _load(job, t) for t in tapes}
     traces: list[Trace] = []

@@ -123,9 +123,9 @@ def test_an_equal_split_caps_each_trace_at_its_share(
 
 
 def _rows_on_disk(folder: Path) -> dict[str, list[str]]:
-    """Every trace's fork task ids on disk (parts and journal)."""
+    """Every trace's (or cell's) fork task ids on disk (parts and journal)."""
     found = {}
-    for trace in sorted(folder.glob("trace=*")):
+    for trace in sorted(folder.glob("*=*")):
         found[trace.name] = ForkSink.existing(folder, trace.name).column("task_id").to_pylist()
     return found
 
@@ -188,3 +188,37 @@ def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
     # One budget across both runs: it counts what the killed run spent.
     assert info.spent.forks >= sum(len(ids) for ids in after.values())
     assert info.spent.forks >= spent_before.forks and info.spent.usd <= 1.0
+
+
+def test_a_sweep_stopped_by_its_cap_says_which_cells_did_not_complete_and_continues(
+    tmp_path: Path,
+) -> None:
+    from car_ray.sweep import run_sweep
+
+    nightly = ROOT / "jobs" / "nightly" / "job.toml"
+    sweep = tmp_path / "grid.toml"
+
+    def write(max_forks: int) -> None:
+        sweep.write_text(
+            f'job = "{nightly}"\nmax_forks = {max_forks}\n'
+            '[grid]\nconfidence = [0.9, 0.95]\n"budget.max_forks" = [60]\n'
+        )
+
+    write(16)  # 8 forks a cell: not enough for an answer
+    first = run_sweep(sweep, out=str(tmp_path / "out"))
+    assert first.info.kind == "sweep" and len(first.rows) == 2
+    assert {r.status for r in first.rows} <= {"budget_exhausted", "nothing_measured"}, first.rows
+    assert first.info.spent.forks <= 16
+    before = _rows_on_disk(Path(first.folder))
+
+    write(400)  # the same grid under a larger cap: the same sweep, continued
+    second = run_sweep(sweep, out=str(tmp_path / "out"))
+    assert second.folder == first.folder and second.info.runs == 2
+    assert [r.status for r in second.rows] == ["complete", "complete"], second.rows
+    # Each cell's planted cause (the nightly tape: the injected note in step 1's order).
+    assert all(r.top_step == 1 and r.top_intervention == "observation" for r in second.rows)
+    after = _rows_on_disk(Path(second.folder))
+    for cell, ids in before.items():
+        assert set(ids) <= set(after[cell]) and len(after[cell]) == len(set(after[cell]))
+    assert second.info.spent.forks == sum(len(ids) for ids in after.values()) <= 400
+    assert {json.loads(r.settings or "{}")["confidence"] for r in second.rows} == {0.9, 0.95}
