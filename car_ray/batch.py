@@ -434,7 +434,6 @@ def _run(
         runs=(previous.runs if previous else 0) + 1,
         started=_iso(started),
     )
-    quiet = Console(quiet=True)  # a trace's own "resuming" line: the batch says it once
     # What every earlier run spent: finished traces' ledgers, and resumed ones' rows.
     done_before = 0
     carried_total = Cost()
@@ -456,16 +455,7 @@ def _run(
             spent_total += Cost(spent.forks, spent.usd, spent.tokens)
             done_before += 1
         elif old is not None:
-            assert trace.recorded is not None
-            trace.run = JobRun(
-                trace.job,
-                trace.tape,
-                folder,
-                trace.job_id,
-                recorded=trace.recorded,
-                held=held,
-                console=quiet,
-            )
+            trace.run = _job_run(trace, folder, held)
             spent_total += trace.run.already
             carried_total += trace.run.carried
     for trace in traces:
@@ -513,15 +503,7 @@ def _run(
                 queue.insert(0, trace)
                 return None
             if trace.run is None:
-                trace.run = JobRun(
-                    trace.job,
-                    trace.tape,
-                    folder,
-                    trace.job_id,
-                    recorded=trace.recorded,
-                    held=held,
-                    console=quiet,
-                )
+                trace.run = _job_run(trace, folder, held)
             if trace.cap is None or split == "adaptive":
                 trace.cap = shares.cap(trace, shared, list(running.values()))
             else:
@@ -649,6 +631,21 @@ def _run(
     _write_summary(out, batch_id, info, rows)
     info.write(out)
     return BatchResult(folder, info, rows)
+
+
+def _job_run(trace: Trace, folder: str, held: Held) -> JobRun:
+    """The trace's job in the batch folder, resumed from what it holds there (its own
+    "resuming" line unsaid: the batch says it once)."""
+    assert trace.tape is not None and trace.recorded is not None
+    return JobRun(
+        trace.job,
+        trace.tape,
+        folder,
+        trace.job_id,
+        recorded=trace.recorded,
+        held=held,
+        console=Console(quiet=True),
+    )
 
 
 def trace_word(kind: str) -> str:
