@@ -1,18 +1,22 @@
-"""Shared test set-up: the demo job, its simulated provider, and a recorded tape."""
+"""Shared test set-up: the demo job, its simulated provider, a recorded tape, and a headless
+Chromium to open report pages in."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from collections.abc import Coroutine, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request, sync_playwright
 
 from car_ray.job import Job, load_job
 from car_ray.replay import BaseUrls, record
@@ -23,6 +27,18 @@ ROOT = Path(__file__).resolve().parents[1]
 SUPPORT_JOB = ROOT / "jobs" / "support_refund" / "job.toml"
 RESEARCH_JOB = ROOT / "jobs" / "research_async" / "job.toml"
 T = TypeVar("T")
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+# The first run installs chromium (about a minute); a browser test itself takes a few seconds.
+BROWSER_TIMEOUT_S = 900
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
@@ -131,3 +147,104 @@ def stop_session(leader: subprocess.Popen[Any], *, timeout_s: float) -> None:
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leader.pid, signal.SIGKILL)
+
+
+# -- report pages in a real browser ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's chromium, installed with apt when missing; an install that fails fails the test."""
+    if CHROMIUM.exists():
+        return CHROMIUM
+    apt = shutil.which("apt-get")
+    if apt is None:
+        pytest.fail(f"{CHROMIUM} is missing and there is no apt-get to install it with")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    log: list[str] = []
+    for command in ([apt, "update"], [apt, "install", "-y", "chromium"]):
+        try:
+            done = subprocess.run(
+                command, env=env, capture_output=True, text=True, timeout=600, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            output = [
+                o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr)
+            ]
+            pytest.fail(f"{' '.join(command)} timed out after 600 s:\n" + "\n".join(output))
+        log.append(f"$ {' '.join(command)}  (exit {done.returncode})\n{done.stdout}{done.stderr}")
+        if done.returncode != 0:
+            pytest.fail("installing chromium failed:\n" + "\n".join(log)[-6000:])
+    if not CHROMIUM.exists():
+        pytest.fail(f"apt installed chromium but {CHROMIUM} is missing:\n" + "\n".join(log)[-6000:])
+    return CHROMIUM
+
+
+@pytest.fixture
+def browser(chromium: Path) -> Iterator[Browser]:
+    """A fresh browser per test (under a second to start): while playwright's sync API is open
+    its event loop counts as running, and other fixtures' `asyncio.run` would fail."""
+    with sync_playwright() as manager:
+        launched = manager.chromium.launch(
+            executable_path=str(chromium), args=CHROMIUM_ARGS, timeout=60_000
+        )
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@dataclass
+class Watched:
+    """What a page said and did while it loaded: errors, dialogs, requests."""
+
+    page: Page
+    console_errors: list[str] = field(default_factory=list)
+    page_errors: list[str] = field(default_factory=list)
+    dialogs: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+
+    def assert_clean(self) -> None:
+        assert self.console_errors == []
+        assert self.page_errors == []
+        assert self.dialogs == []
+        offline = ("file://", "data:", "blob:", "about:")
+        assert [url for url in self.requests if not url.startswith(offline)] == []
+
+
+def open_page(
+    browser: Browser,
+    path: Path,
+    *,
+    javascript: bool = True,
+    fragment: str = "",
+    ready: str | None = None,
+) -> Watched:
+    """Open a local page in a fresh context, watching what it says and fetches; once it has
+    loaded, wait for the JavaScript expression `ready` if one is given."""
+    context = browser.new_context(
+        java_script_enabled=javascript, viewport={"width": 1280, "height": 900}
+    )
+    page = context.new_page()
+    page.set_default_timeout(20_000)
+    watched = Watched(page)
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            watched.console_errors.append(message.text)
+
+    def on_dialog(dialog: Dialog) -> None:
+        watched.dialogs.append(f"{dialog.type}: {dialog.message}")
+        dialog.dismiss()
+
+    def on_request(request: Request) -> None:
+        watched.requests.append(request.url)
+
+    page.on("console", on_console)
+    page.on("pageerror", lambda error: watched.page_errors.append(str(error)))
+    page.on("dialog", on_dialog)
+    page.on("request", on_request)
+    page.goto(path.resolve().as_uri() + fragment, wait_until="load")
+    if ready is not None:
+        page.wait_for_function(ready)
+    return watched

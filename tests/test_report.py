@@ -4,16 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request, sync_playwright
+from playwright.sync_api import Browser
 
 from car_ray._canon import digest_of, sha256_hex
 from car_ray.providers import OPENAI, Action, ToolCall, Usage
@@ -21,21 +16,11 @@ from car_ray.report import render_report, write_report
 from car_ray.results import JobInfo
 from car_ray.tape import LlmEvent, Tape, TapeHeader, TapeWriter, load_tape
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from .conftest import BROWSER_TIMEOUT_S, Watched, open_page
+
 XSS_MODEL = "<script>alert(1)</script>"
 XSS_TOOL = "</script><img src=x onerror=alert(2)>"
 XSS_LABEL = "<b>bold</b><img src=x onerror=alert(3)> & co"
-# The first run installs chromium (about a minute); a browser test itself takes a few seconds.
-BROWSER_TIMEOUT_S = 900
 
 # -- a tape whose recorded content attacks the page ----------------------------------------------
 
@@ -209,93 +194,16 @@ def test_write_report_writes_one_file_atomically(xss_tape: Tape, tmp_path: Path)
 # -- the page in a real browser ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def chromium() -> Path:
-    """Debian's chromium, installed with apt when missing; an install that fails fails the test."""
-    if CHROMIUM.exists():
-        return CHROMIUM
-    apt = shutil.which("apt-get")
-    if apt is None:
-        pytest.fail(f"{CHROMIUM} is missing and there is no apt-get to install it with")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    log: list[str] = []
-    for command in ([apt, "update"], [apt, "install", "-y", "chromium"]):
-        try:
-            done = subprocess.run(
-                command, env=env, capture_output=True, text=True, timeout=600, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            output = [
-                o.decode() if isinstance(o, bytes) else o or "" for o in (exc.stdout, exc.stderr)
-            ]
-            pytest.fail(f"{' '.join(command)} timed out after 600 s:\n" + "\n".join(output))
-        log.append(f"$ {' '.join(command)}  (exit {done.returncode})\n{done.stdout}{done.stderr}")
-        if done.returncode != 0:
-            pytest.fail("installing chromium failed:\n" + "\n".join(log)[-6000:])
-    if not CHROMIUM.exists():
-        pytest.fail(f"apt installed chromium but {CHROMIUM} is missing:\n" + "\n".join(log)[-6000:])
-    return CHROMIUM
-
-
-@pytest.fixture
-def browser(chromium: Path) -> Iterator[Browser]:
-    """A fresh browser per test (under a second to start): while playwright's sync API is open
-    its event loop counts as running, and other fixtures' `asyncio.run` would fail."""
-    with sync_playwright() as manager:
-        launched = manager.chromium.launch(
-            executable_path=str(chromium), args=CHROMIUM_ARGS, timeout=60_000
-        )
-        try:
-            yield launched
-        finally:
-            launched.close()
-
-
-@dataclass
-class Watched:
-    """What a page said and did while it loaded: errors, dialogs, requests."""
-
-    page: Page
-    console_errors: list[str] = field(default_factory=list)
-    page_errors: list[str] = field(default_factory=list)
-    dialogs: list[str] = field(default_factory=list)
-    requests: list[str] = field(default_factory=list)
-
-    def assert_clean(self) -> None:
-        assert self.console_errors == []
-        assert self.page_errors == []
-        assert self.dialogs == []
-        offline = ("file://", "data:", "blob:", "about:")
-        assert [url for url in self.requests if not url.startswith(offline)] == []
-
-
 def _open(browser: Browser, path: Path, *, javascript: bool = True, fragment: str = "") -> Watched:
-    context = browser.new_context(
-        java_script_enabled=javascript, viewport={"width": 1280, "height": 900}
+    """The job page, once its two plotly charts are drawn (when scripts run)."""
+    charts = "document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2"
+    return open_page(
+        browser,
+        path,
+        javascript=javascript,
+        fragment=fragment,
+        ready=charts if javascript else None,
     )
-    page = context.new_page()
-    page.set_default_timeout(20_000)
-    watched = Watched(page)
-
-    def on_console(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            watched.console_errors.append(message.text)
-
-    def on_dialog(dialog: Dialog) -> None:
-        watched.dialogs.append(f"{dialog.type}: {dialog.message}")
-        dialog.dismiss()
-
-    def on_request(request: Request) -> None:
-        watched.requests.append(request.url)
-
-    page.on("console", on_console)
-    page.on("pageerror", lambda error: watched.page_errors.append(str(error)))
-    page.on("dialog", on_dialog)
-    page.on("request", on_request)
-    page.goto(path.resolve().as_uri() + fragment, wait_until="load")
-    if javascript:
-        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2")
-    return watched
 
 
 @pytest.mark.timeout(BROWSER_TIMEOUT_S)

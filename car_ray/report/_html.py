@@ -8,7 +8,6 @@ plotly are HTML-escaped as well, because plotly.js reads a few HTML tags in text
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from ..providers import codec_for
 from ..results import JobInfo, verdict
 from ..results._output import write_whole
 from ..tape import LlmEvent, Tape, ToolEvent
+from ._page import budget_facts, esc, facts_list, finite, fmt, fmt_count, or_dash, page
 
 Row = Mapping[str, Any]
 
@@ -33,13 +33,6 @@ _KIND_COLOURS = {
     "policy": "#7d5ba6",
 }
 _MORE_COLOURS = ("#5b8e7d", "#b0772f", "#8c6d8a", "#4f7cac")
-# Spend and caps: the spend key X pairs with the budget key max_X (DESIGN.md, "The job").
-_BUDGET_LINES = (
-    ("forks", "forks", "{:,.0f}"),
-    ("usd", "cost", "${:,.4f}"),
-    ("tokens", "tokens", "{:,.0f}"),
-    ("wall_s", "wall time", "{:,.1f} s"),
-)
 _PLOTLY_CONFIG = {
     "displaylogo": False,
     "responsive": True,
@@ -59,8 +52,8 @@ def write_report(path: Path, *, tape: Tape, attribution: Sequence[Row], job: Job
     """Write the report page to `path` (via a temporary name, then renamed) and return it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    page = render_report(tape=tape, attribution=attribution, job=job)
-    write_whole(path, page, sync=False)
+    html = render_report(tape=tape, attribution=attribution, job=job)
+    write_whole(path, html, sync=False)
     return path
 
 
@@ -73,7 +66,7 @@ def render_report(*, tape: Tape, attribution: Sequence[Row], job: JobInfo) -> st
     `attribution` rows: one per step and intervention kind (flip-rate, φ, necessity,
     sufficiency with bounds and counts, rank); a value that is None or NaN was not measured.
     """
-    job_id = _text(job.job_id)
+    job_id = or_dash(job.job_id)
     labels = _step_labels(tape, attribution)
     body = "\n".join(
         [
@@ -83,39 +76,10 @@ def render_report(*, tape: Tape, attribution: Sequence[Row], job: JobInfo) -> st
             _timeline(tape, attribution),
         ]
     )
-    return _PAGE.format(title=_e(f"car-ray report · {job_id}"), css=_CSS, body=body, js=_JS)
+    return page(f"car-ray report · {job_id}", body, css=_CSS, js=_JS)
 
 
 # -- values -------------------------------------------------------------------------------------
-
-
-def _e(value: object) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _text(value: object) -> str:
-    return "—" if value is None or value == "" else str(value)
-
-
-def _num(value: object) -> float | None:
-    """A finite number, or None for 'not measured' (None, NaN, anything not a number)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) else None
-
-
-def _fmt(value: object, digits: int = 3) -> str:
-    number = _num(value)
-    return "—" if number is None else f"{number:.{digits}f}"
-
-
-def _count(value: object) -> str:
-    number = _num(value)
-    return "—" if number is None else f"{number:,.0f}"
 
 
 def _pretty(value: Any) -> str:
@@ -128,43 +92,35 @@ def _one_line(text: str, limit: int = _PREVIEW_CHARS) -> str:
 
 
 def _pre(text: str, cls: str = "json") -> str:
-    return f'<pre class="{cls}">{_e(text)}</pre>'
+    return f'<pre class="{cls}">{esc(text)}</pre>'
 
 
 # -- header -------------------------------------------------------------------------------------
 
 
 def _header(tape: Tape, job: JobInfo, attribution: Sequence[Row]) -> str:
-    status = _text(job.status)
+    status = or_dash(job.status)
     status_class = {"complete": "ok", "budget_exhausted": "warn"}.get(status, "other")
     facts = [
-        ("job", f"<code>{_e(_text(job.job_id))}</code>"),
-        ("tape", f"<code>{_e(tape.tape_id)}</code>" + ("" if tape.sealed else " (incomplete)")),
-        ("agent", f"<code>{_e(tape.header.agent)}</code>"),
-        ("recorded", _e(tape.header.created)),
-        ("steps", _e(len(tape.steps))),
-        ("recorded outcome", _e(_recorded_outcome(tape, job))),
+        ("job", f"<code>{esc(or_dash(job.job_id))}</code>"),
+        ("tape", f"<code>{esc(tape.tape_id)}</code>" + ("" if tape.sealed else " (incomplete)")),
+        ("agent", f"<code>{esc(tape.header.agent)}</code>"),
+        ("recorded", esc(tape.header.created)),
+        ("steps", esc(len(tape.steps))),
+        ("recorded outcome", esc(_recorded_outcome(tape, job))),
     ]
     spend = {"wall_s": job.wall_s, **(job.ledger.spent.model_dump() if job.ledger else {})}
     budget = job.budget.model_dump() if job.budget else {}
-    for key, name, form in _BUDGET_LINES:
-        spent = _num(spend.get(key))
-        cap = _num(budget.get(f"max_{key}"))
-        if spent is None and cap is None:
-            continue
-        shown = "—" if spent is None else form.format(spent)
-        shown += " of " + ("no cap" if cap is None else form.format(cap))
-        facts.append((f"spent: {name}", _e(shown)))
-    rows = "".join(f"<dt>{_e(name)}</dt><dd>{value}</dd>" for name, value in facts)
+    facts += [(name, esc(shown)) for name, shown in budget_facts(spend, budget)]
     notes = [*tape.notes, *job.notes]
-    notes_html = "".join(f'<p class="note">{_e(note)}</p>' for note in notes)
+    notes_html = "".join(f'<p class="note">{esc(note)}</p>' for note in notes)
     result = _seal_result(tape)
     # The same line the command line ends with, from the rows and the tape.
     line = verdict(attribution, tape, job.status)
-    verdict_html = f'<p class="verdict">{_e(line)}</p>' if attribution else ""
+    verdict_html = f'<p class="verdict">{esc(line)}</p>' if attribution else ""
     return f"""<header>
-<h1>car-ray report <span class="status {status_class}">{_e(status)}</span></h1>
-{verdict_html}<dl class="facts">{rows}</dl>
+<h1>car-ray report <span class="status {status_class}">{esc(status)}</span></h1>
+{verdict_html}{facts_list(facts)}
 {notes_html}
 <details><summary>input and the agent's result</summary>
 <h4>input</h4>{_pre(_pretty(tape.header.input))}
@@ -175,7 +131,7 @@ def _header(tape: Tape, job: JobInfo, attribution: Sequence[Row]) -> str:
 
 
 def _recorded_outcome(tape: Tape, job: JobInfo) -> str:
-    score = _num(job.recorded_outcome)
+    score = finite(job.recorded_outcome)
     if score is not None:
         return f"{score:.3f} (scorer; 1 = the bad outcome)"
     if tape.seal is None:
@@ -214,7 +170,7 @@ def _step_labels(tape: Tape, attribution: Sequence[Row]) -> dict[int, str]:
 
 
 def _step_of(row: Row) -> int | None:
-    number = _num(row.get("step"))
+    number = finite(row.get("step"))
     return None if number is None else int(number)
 
 
@@ -237,7 +193,7 @@ def _charts(attribution: Sequence[Row], labels: dict[int, str]) -> str:
     plotly_js_included = False
     for name, key, title, axis in charts:
         figure = _bar_figure(attribution, labels, key, axis)
-        parts.append(f"<h3>{_e(title)}</h3>")
+        parts.append(f"<h3>{esc(title)}</h3>")
         if figure is None:
             parts.append('<p class="note">not measured in this job</p>')
             continue
@@ -277,17 +233,17 @@ def _bar_figure(
         below: list[float | None] = []
         hover: list[list[str]] = []
         for row in attribution:
-            step, value = _step_of(row), _num(row.get(key))
+            step, value = _step_of(row), finite(row.get(key))
             if str(row.get("intervention")) != kind or step is None or value is None:
                 continue
             bounds = _BOUNDS_PREFIX[key]
-            low, high = _num(row.get(f"{bounds}_lo")), _num(row.get(f"{bounds}_hi"))
+            low, high = finite(row.get(f"{bounds}_lo")), finite(row.get(f"{bounds}_hi"))
             count = row.get("phi_se") if key == "phi" else row.get(f"{bounds}_n")
-            ys.append(_e(labels.get(step, str(step))))
+            ys.append(esc(labels.get(step, str(step))))
             xs.append(value)
             above.append(None if high is None else max(high - value, 0.0))
             below.append(None if low is None else max(value - low, 0.0))
-            hover.append([_fmt(low), _fmt(high), _fmt(count) if key == "phi" else _count(count)])
+            hover.append([fmt(low), fmt(high), fmt(count) if key == "phi" else fmt_count(count)])
         if not xs:
             continue
         extra = "se" if key == "phi" else "n"
@@ -295,7 +251,7 @@ def _bar_figure(
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": _e(kind),
+                "name": esc(kind),
                 "x": xs,
                 "y": ys,
                 "marker": {"color": _colour(kind, kinds)},
@@ -317,7 +273,7 @@ def _bar_figure(
         )
     if not traces:
         return None
-    categories = [_e(label) for label in labels.values()]
+    categories = [esc(label) for label in labels.values()]
     height = 110 + len(categories) * (14 + 12 * len(traces))
     return {
         "data": traces,
@@ -329,7 +285,7 @@ def _bar_figure(
             "font": {"family": "system-ui, sans-serif", "size": 13, "color": "#222"},
             "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
             "xaxis": {
-                "title": {"text": _e(axis_title)},
+                "title": {"text": esc(axis_title)},
                 "zeroline": True,
                 "zerolinecolor": "#888",
                 **({"range": [0, 1.02]} if key == "flip_rate" else {}),
@@ -355,7 +311,7 @@ def _ranked_table(attribution: Sequence[Row], labels: dict[int, str]) -> str:
     kinds = _kinds(attribution)
 
     def order(row: Row) -> tuple[int, float, int]:
-        rank = _num(row.get("rank"))
+        rank = finite(row.get("rank"))
         return (
             kinds.index(str(row.get("intervention"))),
             math.inf if rank is None else rank,
@@ -365,15 +321,15 @@ def _ranked_table(attribution: Sequence[Row], labels: dict[int, str]) -> str:
     body = []
     for row in sorted(attribution, key=order):
         step = _step_of(row)
-        rank = _num(row.get("rank"))
+        rank = finite(row.get("rank"))
         top = ' class="top"' if rank == 1 else ""
         step_cell = "—" if step is None else f'<a href="#step-{step}">{step}</a>'
         label = labels.get(step, "") if step is not None else ""
-        label = label.split(" · ", 1)[-1] if label else _text(row.get("label"))
+        label = label.split(" · ", 1)[-1] if label else or_dash(row.get("label"))
         body.append(
-            f"<tr{top}><td class=num>{_e(_count(rank))}</td><td class=num>{step_cell}</td>"
-            f"<td>{_e(_text(row.get('step_kind')))}</td><td>{_e(label)}</td>"
-            f"<td>{_e(_text(row.get('intervention')))}</td>"
+            f"<tr{top}><td class=num>{esc(fmt_count(rank))}</td><td class=num>{step_cell}</td>"
+            f"<td>{esc(or_dash(row.get('step_kind')))}</td><td>{esc(label)}</td>"
+            f"<td>{esc(or_dash(row.get('intervention')))}</td>"
             + _measure(row, "flip_rate", "n")
             + _measure(row, "phi", "se")
             + _measure(row, "necessity", "n")
@@ -391,15 +347,15 @@ sufficiency: P(the failure stays | pin this step alone, resample the rest).</p><
 
 
 def _measure(row: Row, key: str, extra: str) -> str:
-    value = _fmt(row.get(key))
+    value = fmt(row.get(key))
     if value == "—":
         return '<td class="num">—</td>'
     bounds = _BOUNDS_PREFIX[key]
-    low, high = _fmt(row.get(f"{bounds}_lo")), _fmt(row.get(f"{bounds}_hi"))
-    more = _fmt(row.get("phi_se")) if extra == "se" else _count(row.get(f"{bounds}_n"))
+    low, high = fmt(row.get(f"{bounds}_lo")), fmt(row.get(f"{bounds}_hi"))
+    more = fmt(row.get("phi_se")) if extra == "se" else fmt_count(row.get(f"{bounds}_n"))
     return (
-        f'<td class="num">{_e(value)}<br><span class="ci">[{_e(low)}, {_e(high)}] '
-        f"{extra}={_e(more)}</span></td>"
+        f'<td class="num">{esc(value)}<br><span class="ci">[{esc(low)}, {esc(high)}] '
+        f"{extra}={esc(more)}</span></td>"
     )
 
 
@@ -410,7 +366,7 @@ def _timeline(tape: Tape, attribution: Sequence[Row]) -> str:
     top: dict[int, list[str]] = {}
     for row in attribution:
         step = _step_of(row)
-        if step is not None and _num(row.get("rank")) == 1:
+        if step is not None and finite(row.get("rank")) == 1:
             top.setdefault(step, []).append(str(row.get("intervention")))
     steps = "\n".join(
         _llm_step(event, top.get(event.step, []))
@@ -424,7 +380,7 @@ def _timeline(tape: Tape, attribution: Sequence[Row]) -> str:
 
 
 def _badges(top_for: list[str]) -> str:
-    return "".join(f'<span class="badge top">top cause · {_e(kind)}</span>' for kind in top_for)
+    return "".join(f'<span class="badge top">top cause · {esc(kind)}</span>' for kind in top_for)
 
 
 def _reply(event: LlmEvent) -> dict[str, Any] | None:
@@ -486,8 +442,8 @@ def _llm_step(event: LlmEvent, top_for: list[str]) -> str:
         parts.append("<h4>response body</h4>" + _pre(_json_or_text(response.body_text)))
     summary = (
         f'<span class="idx">{event.step}</span><span class="kind llm">llm</span>'
-        f'<span class="who">{_e(event.provider)} · {_e(event.model)}</span>'
-        f'{_badges(top_for)}<span class="preview">{_e(_one_line(_reply_preview(reply)))}</span>'
+        f'<span class="who">{esc(event.provider)} · {esc(event.model)}</span>'
+        f'{_badges(top_for)}<span class="preview">{esc(_one_line(_reply_preview(reply)))}</span>'
     )
     return _step(event.step, summary, "".join(parts))
 
@@ -509,8 +465,8 @@ def _tool_step(event: ToolEvent, top_for: list[str]) -> str:
     flags += '<span class="badge error">error</span>' if event.error is not None else ""
     summary = (
         f'<span class="idx">{event.step}</span><span class="kind tool">tool</span>'
-        f'<span class="who">{_e(event.name)}</span>{flags}{_badges(top_for)}'
-        f'<span class="preview">{_e(_one_line(outcome))}</span>'
+        f'<span class="who">{esc(event.name)}</span>{flags}{_badges(top_for)}'
+        f'<span class="preview">{esc(_one_line(outcome))}</span>'
     )
     body = _meta(meta) + "<h4>arguments</h4>" + _pre(_pretty(event.arguments)) + shown
     return _step(event.step, summary, body)
@@ -524,7 +480,9 @@ def _json_or_text(text: str) -> str:
 
 
 def _meta(items: list[tuple[str, str]]) -> str:
-    cells = "".join(f"<div><dt>{_e(name)}</dt><dd>{_e(value)}</dd></div>" for name, value in items)
+    cells = "".join(
+        f"<div><dt>{esc(name)}</dt><dd>{esc(value)}</dd></div>" for name, value in items
+    )
     return f'<dl class="meta">{cells}</dl>'
 
 
@@ -537,35 +495,8 @@ def _step(step: int, summary: str, body: str) -> str:
 
 # -- page ---------------------------------------------------------------------------------------
 
+# The job page's own rules, added to the shared style sheet (`_page.CSS`).
 _CSS = """
-:root { --fg: #1d1f23; --muted: #667; --line: #dde1e6; --soft: #f5f6f8; --accent: #3b6fb6; }
-* { box-sizing: border-box; }
-body { margin: 0 auto; max-width: 1180px; padding: 24px 28px 64px; color: var(--fg);
-  font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; }
-h1 { font-size: 1.5rem; margin: 0 0 12px; } h2 { font-size: 1.2rem; margin: 32px 0 8px;
-  border-bottom: 1px solid var(--line); padding-bottom: 4px; }
-h3 { font-size: 1rem; margin: 18px 0 4px; } h4 { font-size: .85rem; margin: 12px 0 4px;
-  color: var(--muted); text-transform: uppercase; letter-spacing: .04em; }
-code, pre, .idx { font-family: ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; }
-code { font-size: .85em; overflow-wrap: anywhere; }
-pre { background: var(--soft); border: 1px solid var(--line); border-radius: 6px; margin: 0;
-  padding: 8px 10px; font-size: 12.5px; max-height: 420px; overflow: auto;
-  white-space: pre-wrap; overflow-wrap: anywhere; }
-pre.error { border-color: #e3b3ad; background: #fdf2f1; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 16px; margin: 0 0 12px; }
-dl.facts dt, dl.meta dt { color: var(--muted); } dl.facts dd, dl.meta dd { margin: 0; }
-dl.meta { display: flex; flex-wrap: wrap; gap: 2px 18px; margin: 0 0 4px; font-size: .88rem; }
-dl.meta div { display: flex; gap: 5px; } dl.meta dt::after { content: ":"; }
-.status { font-size: .8rem; padding: 2px 8px; border-radius: 10px; vertical-align: middle;
-  background: #e6e8eb; } .status.ok { background: #dcf1e2; color: #1d6b36; }
-.status.warn { background: #fbecd3; color: #8a5200; }
-.note { color: #8a5200; } .legend { color: var(--muted); font-size: .85rem; }
-header details { margin: 6px 0; } summary { cursor: pointer; }
-table { border-collapse: collapse; width: 100%; font-size: .9rem; }
-th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid var(--line);
-  vertical-align: top; } th { font-weight: 600; background: var(--soft); }
-th.num, td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-tr.top td { background: #eef4fc; } .ci { color: var(--muted); font-size: .8rem; }
 details.step { border: 1px solid var(--line); border-radius: 6px; margin: 6px 0; }
 details.step > summary { padding: 6px 10px; display: flex; gap: 10px; align-items: baseline;
   list-style-position: inside; } details.step[open] > summary { background: var(--soft);
@@ -576,8 +507,6 @@ details.step:target { outline: 2px solid var(--accent); }
 .kind.tool { background: #fbeee0; } .who { font-weight: 600; white-space: nowrap; }
 .preview { color: var(--muted); overflow: hidden; text-overflow: ellipsis; white-space: nowrap;
   min-width: 0; flex: 1; }
-.verdict { font-size: 1.05rem; font-weight: 600; margin: .4rem 0 .8rem; }
-.badge { font-size: .72rem; padding: 1px 6px; border-radius: 4px; white-space: nowrap; }
 .badge.effect { background: #fde2e0; color: #9b2c20; } .badge.error { background: #c0392b;
   color: #fff; } .badge.top { background: var(--accent); color: #fff; }
 details.raw { margin-top: 10px; }
@@ -592,19 +521,4 @@ function openTarget() {
 }
 window.addEventListener("hashchange", openTarget);
 openTarget();
-"""
-
-_PAGE = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title}</title>
-<style>{css}</style>
-</head>
-<body>
-{body}
-<script>{js}</script>
-</body>
-</html>
 """

@@ -50,6 +50,7 @@ from ._rows import (
     arrow_schema,
     fork_record,
 )
+from ._summary import summarize
 from ._verdict import describe_entry, describe_step, top_cause, verdict
 
 __all__ = [
@@ -96,6 +97,7 @@ __all__ = [
     "read_rows",
     "shown",
     "split_job_location",
+    "summarize",
     "top_cause",
     "verdict",
     "write_attribution",

@@ -1,0 +1,81 @@
+"""What carries the blame across a batch's traces (`summary.parquet`): for each dimension of
+the rank-1 cause, how many attributed traces name each key, with a Wilson interval on the
+share; and how the traces ended."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+Trace = Mapping[str, Any]
+
+# The blame dimensions, in the order the summary lists them: each reads a trace row (a
+# `TraceRow` whose rank-1 cause exists) into its key and a sort key for ties, or None when the
+# cause has no such key (an llm step that called no tool, a tool step has no model).
+_Key = tuple[str, tuple[int | str, ...]] | None
+
+
+def _step(trace: Trace) -> _Key:
+    step, kind = int(trace["top_step"]), trace.get("top_kind")
+    return (f"step {step}" + (f" ({kind})" if kind else ""), (step, str(kind or "")))
+
+
+def _named(field: str, only_kind: str | None = None) -> Callable[[Trace], _Key]:
+    def key(trace: Trace) -> _Key:
+        value = trace.get(field)
+        if value is None or (only_kind is not None and trace.get("top_kind") != only_kind):
+            return None
+        return (str(value), (str(value),))
+
+    return key
+
+
+_BLAME: tuple[tuple[str, Callable[[Trace], _Key]], ...] = (
+    ("step", _step),
+    ("tool", _named("top_tool")),
+    ("model", _named("top_model", only_kind="llm")),
+    ("intervention", _named("top_intervention")),
+)
+
+
+def summarize(
+    traces: Sequence[Mapping[str, Any]], confidence: float = 0.95
+) -> list[dict[str, Any]]:
+    """`SummaryRow`s: over the traces with a rank-1 cause (`top_step` set), how many name each
+    step, tool, model (llm causes only) and intervention kind, out of all attributed traces
+    (so a dimension's shares sum to less than 1 where a cause has no such key); then each
+    `status` over all traces. Wilson intervals at `confidence`; rows by dimension (that
+    order), then most traces first."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    # Here, not at the top: `car_ray.schedule` imports Ray, and `car_ray.results` is also
+    # what recording in production imports.
+    from ..schedule import wilson
+
+    attributed = [t for t in traces if t.get("top_step") is not None]
+    dimensions = [(name, attributed, key) for name, key in _BLAME]
+    dimensions.append(("status", list(traces), lambda t: (str(t["status"]), (str(t["status"]),))))
+    rows: list[dict[str, Any]] = []
+    for dimension, over, key_of in dimensions:
+        counts: dict[str, int] = {}
+        order: dict[str, tuple[int | str, ...]] = {}
+        for trace in over:
+            found = key_of(trace)
+            if found is not None:
+                counts[found[0]] = counts.get(found[0], 0) + 1
+                order[found[0]] = found[1]
+        for key in sorted(counts, key=lambda k: (-counts[k], order[k])):
+            lo, hi = wilson(counts[key], len(over), 1.0 - confidence)
+            rows.append(
+                {
+                    "dimension": dimension,
+                    "key": key,
+                    "traces": counts[key],
+                    "of": len(over),
+                    "share": counts[key] / len(over),
+                    "share_lo": lo,
+                    "share_hi": hi,
+                    "confidence": confidence,
+                }
+            )
+    return rows
