@@ -37,6 +37,7 @@ from .attribute import (
 from .execute import RayExecutor, cluster_info, init_ray
 from .job import Job
 from .results import (
+    SUMMARY_ROWS,
     TRACE_ROWS,
     BatchInfo,
     Caps,
@@ -50,6 +51,7 @@ from .results import (
     hold_job,
     job_location,
     shown,
+    summarize,
     write_rows,
 )
 from .schedule import Budget, Cost, Scheduler, effective_budget
@@ -658,8 +660,10 @@ def _spend(shared: SharedBudget) -> Spend:
 
 
 def _write_summary(out: str, batch_id: str, info: BatchInfo, rows: list[TraceRow]) -> None:
-    """summary.parquet and the batch's report page (once their writers are in)."""
-    del out, batch_id, info, rows
+    """summary.parquet: what carries the blame across the traces, with intervals."""
+    confidence = float(info.request.get("confidence") or 0.95)
+    summary = summarize([r.model_dump() for r in rows], confidence)
+    write_rows(out, batch_id, "summary.parquet", SUMMARY_ROWS, summary)
 
 
 def batch_text(result: BatchResult) -> str:

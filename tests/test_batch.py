@@ -100,6 +100,9 @@ def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
     assert result.info.spent.usd <= 0.5
     traces = pq.read_table(Path(result.folder) / "traces.parquet").to_pylist()
     assert sorted(t["trace"] for t in traces) == sorted(r.trace for r in result.rows)
+    summary = pq.read_table(Path(result.folder) / "summary.parquet").to_pylist()
+    status = {s["key"]: s["traces"] for s in summary if s["dimension"] == "status"}
+    assert status == {"complete": 3, "not_failing": 1, "corrupt": 1}
 
     # The same command again: every trace ended, nothing runs, nothing is spent.
     again = run_batch(job, given, out=str(out), budget_usd=0.5, max_forks=600)
@@ -222,3 +225,32 @@ def test_a_sweep_stopped_by_its_cap_says_which_cells_did_not_complete_and_contin
         assert set(ids) <= set(after[cell]) and len(after[cell]) == len(set(after[cell]))
     assert second.info.spent.forks == sum(len(ids) for ids in after.values()) <= 400
     assert {json.loads(r.settings or "{}")["confidence"] for r in second.rows} == {0.9, 0.95}
+
+
+def test_a_nightly_batch_names_the_planted_causes_and_goes_past_bad_traces(
+    tmp_path: Path,
+) -> None:
+    traces = tmp_path / "traces"
+    subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "nightly" / "generate.py"), str(traces),
+         "--count", "12", "--corrupt", "1", "--seed", "3"],
+        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "jobs")},
+    )  # fmt: skip
+    from car_ray.batch import find_tapes, read_manifest_for
+
+    job = load(ROOT / "jobs" / "nightly" / "job.toml")
+    other = ROOT / "jobs" / "support_refund" / "support_refund.tape"
+    given = find_tapes(str(traces), [str(other)] if other.exists() else [])
+    manifest = read_manifest_for(None, str(traces))
+    result = run_batch(job, given, out=str(tmp_path / "out"), budget_usd=1.0, manifest=manifest)
+    assert result.exit_code == 0 and result.info.spent.usd <= 1.0
+    planted = Counter(
+        (e["step"], e["planted"]) for e in manifest.values() if e["planted"] != "corrupt"
+    )
+    named = Counter((r.top_step, r.planted) for r in result.rows if r.status == "complete")
+    assert named == planted  # every trace's rank-1 step is the one planted in it
+    summary = pq.read_table(Path(result.folder) / "summary.parquet").to_pylist()
+    steps = {s["key"]: s["traces"] for s in summary if s["dimension"] == "step"}
+    by_step = Counter(step for step, _ in planted.elements())
+    assert sorted(steps.values()) == sorted(by_step.values()) and sum(steps.values()) == 12
+    assert [r.status for r in result.rows].count("corrupt") == 1
