@@ -660,10 +660,16 @@ def _spend(shared: SharedBudget) -> Spend:
 
 
 def _write_summary(out: str, batch_id: str, info: BatchInfo, rows: list[TraceRow]) -> None:
-    """summary.parquet: what carries the blame across the traces, with intervals."""
+    """summary.parquet: what carries the blame across the traces, with intervals; and the
+    batch's report page."""
     confidence = float(info.request.get("confidence") or 0.95)
     summary = summarize([r.model_dump() for r in rows], confidence)
     write_rows(out, batch_id, "summary.parquet", SUMMARY_ROWS, summary)
+    try:
+        from .report import write_batch_report
+    except ImportError:  # pragma: no cover - the report is optional on minimal installs
+        return
+    write_batch_report(out, info, rows, summary)
 
 
 def batch_text(result: BatchResult) -> str:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 import pytest
@@ -254,3 +256,7 @@ def test_a_nightly_batch_names_the_planted_causes_and_goes_past_bad_traces(
     by_step = Counter(step for step, _ in planted.elements())
     assert sorted(steps.values()) == sorted(by_step.values()) and sum(steps.values()) == 12
     assert [r.status for r in result.rows].count("corrupt") == 1
+    # The batch page links each attributed trace's own report, and nothing that is not there.
+    page = (Path(result.folder) / "report.html").read_text()
+    links = re.findall(r'<a href="([^"]+)"', page)
+    assert len(links) == 12 and all((Path(result.folder) / unquote(h)).is_file() for h in links)
