@@ -392,15 +392,11 @@ def run_batch(
         trace.priority = entry.get("priority")
         trace.planted = entry.get("planted")
         trace.planted_step = entry.get("step")
-    names = [t.name for t in traces]
-    if len(set(names)) < len(names):  # the same tape twice (a copy under another name)
-        seen: set[str] = set()
-        kept = []
-        for t in traces:
-            if t.name not in seen:
-                seen.add(t.name)
-                kept.append(t)
-        traces = kept
+    # The same tape twice (a copy under another name) is one trace: the first given.
+    first: dict[str, Trace] = {}
+    for trace in traces:
+        first.setdefault(trace.name, trace)
+    traces = list(first.values())
     batch_id = batch_id_of(job, traces, split)
     folder = job_location(out, batch_id)
     budget = Budget(max_forks=max_forks, max_usd=budget_usd)

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import structlog
 import typer
@@ -41,6 +41,9 @@ from .replay import (
     record,
 )
 from .tape import LlmEvent, Tape, TapeError, ToolEvent, load_tape
+
+if TYPE_CHECKING:
+    from .batch import BatchResult
 
 # The order a new user needs them in: the one command that answers the question first.
 _COMMAND_ORDER = (
@@ -598,38 +601,26 @@ def batch_cmd(
 ) -> None:
     """Attribute many failure traces under one budget, in one shared worker pool; output
     partitioned by trace (<out>/<batch_id>/trace=<id>/), a summary and a batch page."""
-    from .batch import batch_text, find_tapes, read_manifest_for, rows_json, run_batch
-    from .execute import NoWorkers
-    from .results import OutputError
+    from .batch import find_tapes, read_manifest_for, run_batch
 
     if split not in ("adaptive", "equal", "priority"):
         raise _fail(f"--split {split!r}: give adaptive, equal or priority")
     job = _job(job_file)
-    try:
-        found = find_tapes(source, tapes or [])
-        entries = read_manifest_for(manifest, source)
-        result = run_batch(
+
+    def start(shown: Console) -> BatchResult:
+        return run_batch(
             job,
-            found,
+            find_tapes(source, tapes or []),
             out=out,
             budget_usd=budget_usd,
             max_forks=max_forks,
             split=split,  # type: ignore[arg-type]
-            manifest=entries,
+            manifest=read_manifest_for(manifest, source),
             address=address,
-            console=err if as_json else console,
+            console=shown,
         )
-    except UserCodeError as exc:
-        raise _user_code_failed(job, exc) from None
-    except (TapeError, JobFileError, ValueError, OutputError) as exc:
-        raise _fail(str(exc)) from None
-    except NoWorkers as exc:
-        raise _fail(f"{exc}; rerun the same command to continue the batch") from None
-    if as_json:
-        print(rows_json(result))
-    else:
-        console.print(batch_text(result), markup=False, highlight=False)
-    raise typer.Exit(result.exit_code)
+
+    _run_many("batch", job, start, as_json)
 
 
 @app.command("sweep")
@@ -642,23 +633,40 @@ def sweep_cmd(
     """Run a grid of settings over one or more tapes under one global cap, in one shared
     pool; output partitioned by cell; a comparison table at the end. The same command on
     the same output continues a sweep the cap or a kill stopped."""
+    from .sweep import load_sweep, run_sweep
+
+    try:
+        _, job = load_sweep(sweep_file)
+    except JobFileError as exc:
+        raise _fail(str(exc)) from None
+
+    def start(shown: Console) -> BatchResult:
+        return run_sweep(sweep_file, out=out, address=address, console=shown)
+
+    _run_many("sweep", job, start, as_json)
+
+
+def _run_many(kind: str, job: Job, start: Callable[[Console], BatchResult], as_json: bool) -> None:
+    """Run a batch or a sweep (`start`, given where its progress goes), print how it ended
+    (a sweep's comparison table first; or --json) and exit with its verdict."""
     from .batch import batch_text, rows_json
     from .execute import NoWorkers
     from .results import OutputError
-    from .sweep import comparison, run_sweep
+    from .sweep import comparison
 
     try:
-        result = run_sweep(
-            sweep_file, out=out, address=address, console=err if as_json else console
-        )
+        result = start(err if as_json else console)
+    except UserCodeError as exc:
+        raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError, OutputError) as exc:
         raise _fail(str(exc)) from None
     except NoWorkers as exc:
-        raise _fail(f"{exc}; rerun the same command to continue the sweep") from None
+        raise _fail(f"{exc}; rerun the same command to continue the {kind}") from None
     if as_json:
         print(rows_json(result))
     else:
-        console.print(comparison(result))
+        if kind == "sweep":
+            console.print(comparison(result))
         console.print(batch_text(result), markup=False, highlight=False)
     raise typer.Exit(result.exit_code)
 

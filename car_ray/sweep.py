@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ._canon import digest_of
-from .batch import BatchResult, Trace, _load, _run
+from .batch import MAX_ACTIVE, BatchResult, Trace, _load, _run
 from .job import Job, JobFileError, JobSpec, load_job
 from .results import Split, hold_job, job_location
 from .schedule import Budget
@@ -168,7 +168,7 @@ def run_sweep(
     with hold_job(out, sweep_id) as held:
         return _run(
             job, traces, out, sweep_id, folder, budget, spec.split, address, console, held,
-            24, "sweep",
+            MAX_ACTIVE, "sweep",
         )  # fmt: skip
 
 

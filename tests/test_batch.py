@@ -135,18 +135,27 @@ def _rows_on_disk(folder: Path) -> dict[str, list[str]]:
     return found
 
 
-def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
-    support_job: Job, support_sim: SimServer, tmp_path: Path
+@pytest.mark.parametrize("kind", ["batch", "sweep"])
+def test_a_sigkilled_batch_or_sweep_resumes_without_losing_or_repeating_a_row(
+    kind: str, support_job: Job, support_sim: SimServer, tmp_path: Path
 ) -> None:
     paths = _record_runs(support_job, support_sim, tmp_path / "tapes", failing=4, passing=0)
-    # Slow forks (80 ms a model call), so the kill lands with traces ended and running.
+    # Slow forks (80 ms a model call), so the kill lands with jobs ended and running.
     job_file = support_job_file(tmp_path / "job", paths[0], sim_latency_ms="80")
     out = tmp_path / "out"
-    command = [
-        sys.executable, "-m", "car_ray.cli", "batch", "--job", str(job_file),
-        "--from", str(tmp_path / "tapes"), "--max-forks", "2000", "--budget-usd", "1",
-        "--out", str(out),
-    ]  # fmt: skip
+    if kind == "batch":
+        args = [
+            "batch", "--job", str(job_file), "--from", str(tmp_path / "tapes"),
+            "--max-forks", "2000", "--budget-usd", "1",
+        ]  # fmt: skip
+    else:  # four cells: two settings over two of the tapes
+        sweep = tmp_path / "grid.toml"
+        sweep.write_text(
+            f'job = "{job_file}"\ntapes = ["{paths[0]}", "{paths[1]}"]\n'
+            "max_forks = 2000\nmax_usd = 1.0\n[grid]\nconfidence = [0.9, 0.95]\n"
+        )
+        args = ["sweep", str(sweep)]
+    command = [sys.executable, "-m", "car_ray.cli", *args, "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "jobs"), "COLUMNS": "200"}
     first = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -156,12 +165,12 @@ def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
         deadline = time.monotonic() + 240
         folder: Path | None = None
         while time.monotonic() < deadline:
-            batches = list(out.glob("*-batch-*"))
-            if batches:
-                folder = batches[0]
+            found = list(out.glob(f"*-{kind}-*"))
+            if found:
+                folder = found[0]
                 ended = [
                     j
-                    for j in folder.glob("trace=*/job.json")
+                    for j in folder.glob("*=*/job.json")
                     if json.loads(j.read_text()).get("status") == "complete"
                 ]
                 rows = _rows_on_disk(folder)
@@ -170,7 +179,7 @@ def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
             assert first.poll() is None, first.stderr.read() if first.stderr else ""
             time.sleep(0.2)
         else:
-            pytest.fail("the batch never had a trace ended and another with rows")
+            pytest.fail(f"the {kind} never had a job ended and another with rows")
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
     finally:
@@ -182,11 +191,12 @@ def test_a_sigkilled_batch_resumes_without_losing_or_repeating_a_row(
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     after = _rows_on_disk(folder)
-    for trace, ids in before.items():
-        assert set(ids) <= set(after[trace]), f"{trace} lost rows it had before the kill"
-    for trace, ids in after.items():
-        assert len(ids) == len(set(ids)), f"{trace} has a fork twice"
-        info = JobInfo.read(folder, trace)
+    assert len(after) == 4
+    for job_id, ids in before.items():
+        assert set(ids) <= set(after[job_id]), f"{job_id} lost rows it had before the kill"
+    for job_id, ids in after.items():
+        assert len(ids) == len(set(ids)), f"{job_id} has a fork twice"
+        info = JobInfo.read(folder, job_id)
         assert info is not None and info.status == "complete"
     info = BatchInfo.model_validate_json((folder / "batch.json").read_text())
     assert info.runs == 2 and info.status == "complete"
