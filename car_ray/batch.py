@@ -34,7 +34,7 @@ from .attribute import (
     live_provider,
     make_executor,
 )
-from .execute import RayExecutor, cluster_info, init_ray
+from .execute import cluster_info, init_ray
 from .job import Job
 from .results import (
     SUMMARY_ROWS,
@@ -218,9 +218,12 @@ class Shares:
             t.name: (t.priority or 1.0) if split == "priority" else 1.0 for t in runnable
         }
         self.total = sum(self.weights.values()) or 1.0
-        self.left = len(runnable)
 
-    def cap(self, trace: Trace, shared: SharedBudget, running: list[Trace]) -> Budget:
+    def cap(
+        self, trace: Trace, shared: SharedBudget, running: Sequence[Trace], waiting: int
+    ) -> Budget:
+        """`trace`'s caps as it begins, with `running` traces begun and `waiting` traces
+        (this one too) not yet."""
         assert trace.tape is not None
         job = trace.job
         own = job.spec.budget
@@ -242,14 +245,13 @@ class Shares:
                         0,
                     )
             g = shared.governor.spent + shared.governor.carried
-            n = max(1, self.left)
+            n = max(1, waiting)
             usd = None if b.max_usd is None else max(0.0, (b.max_usd - g.usd - held.usd) / n)
             forks = None if b.max_forks is None else (b.max_forks - g.forks - held.forks) // n
         else:
             part = self.weights.get(trace.name, 1.0) / self.total
             usd = None if b.max_usd is None else b.max_usd * part
             forks = None if b.max_forks is None else int(b.max_forks * part)
-        self.left -= 1
         # A resumed trace's caps are its total across runs: what it spent is on top.
         already = trace.run.already + trace.run.carried if trace.run else Cost()
         if forks is not None:
@@ -420,215 +422,261 @@ def _run(
     max_active: int,
     kind: Literal["batch", "sweep"] = "batch",
 ) -> BatchResult:
-    previous = BatchInfo.read(out, batch_id)
-    started = time.time()
-    info = BatchInfo(
-        batch_id=batch_id,
-        kind=kind,
-        job_file=str(job.path),
-        request=job.spec.model_dump(mode="json"),
-        split=split,
-        budget=Caps(**budget.as_dict()),
-        runs=(previous.runs if previous else 0) + 1,
-        started=_iso(started),
-    )
-    # What every earlier run spent: finished traces' ledgers, and resumed ones' rows.
-    done_before = 0
-    carried_total = Cost()
-    spent_total = Cost()
-    for trace in traces:
-        if trace.tape is None or trace.status != "pending":
-            continue
-        old = JobInfo.read(folder, trace.job_id)
-        state = previous.traces.get(trace.name) if previous else None
-        same_budget = previous is not None and previous.budget == info.budget
-        if state is not None and state.cap is not None and same_budget:
-            # Its share stands while the batch's budget does (a larger one is shared anew).
-            c = state.cap
-            trace.cap = Budget(c.max_forks, c.max_usd, c.max_tokens, c.max_wall_s)
-        if old is not None and old.status in FINAL:
-            trace.status = old.status
-            trace.row = trace_row(trace, old)
-            spent = old.ledger.spent if old.ledger else Spend()
-            spent_total += Cost(spent.forks, spent.usd, spent.tokens)
-            done_before += 1
-        elif old is not None:
-            trace.run = _job_run(trace, folder, held)
-            spent_total += trace.run.already
-            carried_total += trace.run.carried
-    for trace in traces:
-        info.traces[trace.name] = TraceState(
-            tape=trace.given,
-            tape_id=trace.tape.tape_id if trace.tape else None,
-            folder=trace.job_id,
-            job_id=trace.job_id,
-            priority=trace.priority,
-            planted=trace.planted,
-            status=trace.status,
-            reason=trace.reason,
-            settings=trace.settings,
+    """Run `traces` (a batch's, or a sweep's cells) to their end under `budget`, the batch's
+    lock `held`; see the module's text."""
+    run = _BatchRun(job, traces, out, batch_id, folder, budget, split, console, held, kind)
+    return run.run(address, max_active)
+
+
+class _BatchRun:
+    """One run of a batch: what earlier runs left (`_resume`), the loop's feed, done and
+    tick, and what the run ends with (`_end`)."""
+
+    def __init__(
+        self,
+        job: Job,
+        traces: list[Trace],
+        out: str,
+        batch_id: str,
+        folder: str,
+        budget: Budget,
+        split: Split,
+        console: Console,
+        held: Held,
+        kind: Literal["batch", "sweep"],
+    ) -> None:
+        self.job, self.traces, self.out, self.folder = job, traces, out, folder
+        self.budget, self.split, self.console, self.held = budget, split, console, held
+        self.kind = kind
+        self.previous = BatchInfo.read(out, batch_id)
+        self.started = time.time()
+        self.info = BatchInfo(
+            batch_id=batch_id,
+            kind=kind,
+            job_file=str(job.path),
+            request=job.spec.model_dump(mode="json"),
+            split=split,
+            budget=Caps(**budget.as_dict()),
+            runs=(self.previous.runs if self.previous else 0) + 1,
+            started=_iso(self.started),
         )
-    runnable = [t for t in traces if t.tape is not None and t.status == "pending"]
-    shared = SharedBudget(budget, already_spent=spent_total, carried=carried_total)
-    shares = Shares(split, budget, runnable)
-    bad = len([t for t in traces if t.status in UNATTRIBUTABLE])
-    console.print(
-        f"{kind} {batch_id}: {len(traces)} {trace_word(kind)} ({len(runnable)} to run, "
-        f"{done_before} done before, {bad} not attributable) → {shown(folder)}",
-        markup=False,
-        highlight=False,
-    )
-    if previous is not None and runnable:
+        self.interrupted: float | None = None  # when Ctrl-C came
+        self.running: dict[str, Trace] = {}  # by job id
+        self.busy_s = 0.0  # seconds with forks in flight
+        self.looked = time.monotonic()
+        self.printed = 0.0
+        done_before, spent, carried = self._resume()
+        self.queue = [t for t in traces if t.tape is not None and t.status == "pending"]
+        self.shared = SharedBudget(budget, already_spent=spent, carried=carried)
+        self.shares = Shares(split, budget, self.queue)
+        bad = len([t for t in traces if t.status in UNATTRIBUTABLE])
         console.print(
-            f"continuing: {spent_total.forks} forks, ${spent_total.usd:.4f} spent by earlier "
-            "runs; the budget is the batch's total across runs",
+            f"{kind} {batch_id}: {len(traces)} {trace_word(kind)} ({len(self.queue)} to run, "
+            f"{done_before} done before, {bad} not attributable) → {shown(folder)}",
             markup=False,
+            highlight=False,
         )
-    info.write(out)
-    interrupted: list[float] = []
-    running: dict[str, Trace] = {}
-    queue = list(runnable)
-    busy = [0.0, time.monotonic()]  # seconds with forks in flight, last look
+        if self.previous is not None and self.queue:
+            console.print(
+                f"continuing: {spent.forks} forks, ${spent.usd:.4f} spent by earlier runs; "
+                "the budget is the batch's total across runs",
+                markup=False,
+            )
 
-    def feed() -> JobSource | None:
-        while queue:
-            if interrupted:
-                return None
-            trace = queue.pop(0)
-            assert trace.tape is not None and trace.recorded is not None
-            left = shared.governor.remaining()
-            if left.forks == 0 or (left.usd is not None and left.usd <= 0):
-                queue.insert(0, trace)
-                return None
-            if trace.run is None:
-                trace.run = _job_run(trace, folder, held)
-            if trace.cap is None or split == "adaptive":
-                trace.cap = shares.cap(trace, shared, list(running.values()))
-            else:
-                shares.left -= 1
-            trace.run.cap(trace.cap)
-            executor.add_tape(trace.tape.tape_id, trace.tape.path.read_bytes())
-            scheduler = trace.run.start(executor, ray_info, workers)
-            running[trace.job_id] = trace
-            state = info.traces[trace.name]
-            state.status = "running"
-            state.cap = Caps(**trace.cap.as_dict())
-            return scheduler
-        return None
+    def _resume(self) -> tuple[int, Cost, Cost]:
+        """Read back what earlier runs of the batch left: traces that ended for good (their
+        rows), the caps still standing, interrupted traces' jobs. Returns how many traces
+        ended before, what every earlier run spent, and reservations it carried."""
+        previous, info = self.previous, self.info
+        same_budget = previous is not None and previous.budget == info.budget
+        done_before, spent_total, carried_total = 0, Cost(), Cost()
+        for trace in self.traces:
+            if trace.tape is None or trace.status != "pending":
+                continue
+            old = JobInfo.read(self.folder, trace.job_id)
+            state = previous.traces.get(trace.name) if previous else None
+            if state is not None and state.cap is not None and same_budget:
+                # Its share stands while the batch's budget does (a larger one is shared anew).
+                c = state.cap
+                trace.cap = Budget(c.max_forks, c.max_usd, c.max_tokens, c.max_wall_s)
+            if old is not None and old.status in FINAL:
+                trace.status = old.status
+                trace.row = trace_row(trace, old)
+                spent = old.ledger.spent if old.ledger else Spend()
+                spent_total += Cost(spent.forks, spent.usd, spent.tokens)
+                done_before += 1
+            elif old is not None:
+                trace.run = _job_run(trace, self.folder, self.held)
+                spent_total += trace.run.already
+                carried_total += trace.run.carried
+        for trace in self.traces:
+            info.traces[trace.name] = TraceState(
+                tape=trace.given,
+                tape_id=trace.tape.tape_id if trace.tape else None,
+                folder=trace.job_id,
+                job_id=trace.job_id,
+                priority=trace.priority,
+                planted=trace.planted,
+                status=trace.status,
+                reason=trace.reason,
+                settings=trace.settings,
+            )
+        return done_before, spent_total, carried_total
 
-    def done(source: JobSource) -> None:
-        trace = running.pop(source.job_id)
+    def run(self, address: str | None, max_active: int) -> BatchResult:
+        self.info.write(self.out)
+        if not self.queue:  # every trace ended before, or cannot be attributed: start nothing
+            return self._end()
+        main = threading.current_thread() is threading.main_thread()
+        with live_provider(self.job) as urls:
+            self.ray_info = RayInfo.model_validate(cluster_info(init_ray(address)))
+            self.executor = make_executor(self.job, urls)
+            self.workers = self.executor.worker_pids()
+            window = Window(self.job.spec.provider.concurrency)
+            self.loop = RunLoop(
+                self.executor,
+                [window, self.shared],
+                max_active=max_active,
+                on_done=self._done,
+                on_wait=self._tick,
+                feed=self._feed,
+            )
+            before = signal.signal(signal.SIGINT, self._on_interrupt) if main else None
+            try:
+                self.loop.run()
+            except KeyboardInterrupt:
+                for trace in self.running.values():
+                    if trace.run is not None:
+                        trace.run.stop()
+                if self.interrupted is None:
+                    self.interrupted = time.monotonic()
+            finally:
+                if before is not None:
+                    signal.signal(signal.SIGINT, before)
+                for trace in self.running.values():
+                    if trace.run is not None:
+                        trace.run.close()
+                self.executor.shutdown()
+        return self._end()
+
+    def _feed(self) -> JobSource | None:
+        """The next trace's scheduler, begun with its share; None while the batch's budget
+        has no room (or Ctrl-C came, or none is left)."""
+        if not self.queue or self.interrupted is not None:
+            return None
+        left = self.shared.governor.remaining()
+        if left.forks == 0 or (left.usd is not None and left.usd <= 0):
+            return None
+        waiting = len(self.queue)
+        trace = self.queue.pop(0)
+        assert trace.tape is not None and trace.recorded is not None
+        if trace.run is None:
+            trace.run = _job_run(trace, self.folder, self.held)
+        if trace.cap is None or self.split == "adaptive":
+            running = list(self.running.values())
+            trace.cap = self.shares.cap(trace, self.shared, running, waiting)
+        trace.run.cap(trace.cap)
+        self.executor.add_tape(trace.tape.tape_id, trace.tape.path.read_bytes())
+        scheduler = trace.run.start(self.executor, self.ray_info, self.workers)
+        self.running[trace.job_id] = trace
+        state = self.info.traces[trace.name]
+        state.status = "running"
+        state.cap = Caps(**trace.cap.as_dict())
+        return scheduler
+
+    def _done(self, source: JobSource) -> None:
+        """A trace's job ended: its files, its row, batch.json."""
+        trace = self.running.pop(source.job_id)
         assert isinstance(source, Scheduler) and trace.run is not None
         outcome = source.outcome
         assert outcome is not None
-        trace.run.settle(outcome, bool(interrupted))
+        trace.run.settle(outcome, self.interrupted is not None)
         trace.run.finish(outcome)
         trace.status = outcome.status
         trace.row = trace_row(trace, trace.run.info)
         if outcome.status == "verify_failed":
             trace.row.reason = trace.row.reason or "the recorded prefix no longer replays"
-        state = info.traces[trace.name]
+        state = self.info.traces[trace.name]
         state.status, state.reason = trace.status, trace.row.reason
         if trace.tape is not None:
-            executor.drop_tape(trace.tape.tape_id)
+            self.executor.drop_tape(trace.tape.tape_id)
         trace.run = None  # its rows and estimators are on disk now
-        info.spent = _spend(shared)
-        info.write(out)
+        self.info.spent = _spend(self.shared)
+        self.info.write(self.out)
 
-    last = [0.0]
-
-    def tick() -> None:
+    def _tick(self) -> None:
+        """While the loop waits: the pool's busy time, a progress line and a checkpoint
+        every 2 s, and a Ctrl-C that did not stop the run within 5 s."""
         now = time.monotonic()
-        if executor.in_flight:
-            busy[0] += now - busy[1]
-        busy[1] = now
-        if interrupted and now - interrupted[0] > 5.0:
+        if self.executor.in_flight:
+            self.busy_s += now - self.looked
+        self.looked = now
+        if self.interrupted is not None and now - self.interrupted > 5.0:
             raise KeyboardInterrupt
-        if now - last[0] < 2.0:
+        if now - self.printed < 2.0:
             return
-        last[0] = now
-        ended = [t for t in traces if t.status in ENDED or t.status in UNATTRIBUTABLE]
-        spent = shared.governor.spent
-        cap = f" of ${budget.max_usd:g}" if budget.max_usd else ""
-        console.print(
-            f"  {len(ended)}/{len(traces)} {trace_word(kind)} ended, {len(running)} running, "
-            f"{spent.forks} forks, ${spent.usd:.4f}{cap} spent",
+        self.printed = now
+        ended = [t for t in self.traces if t.status in ENDED or t.status in UNATTRIBUTABLE]
+        spent = self.shared.governor.spent
+        cap = f" of ${self.budget.max_usd:g}" if self.budget.max_usd else ""
+        self.console.print(
+            f"  {len(ended)}/{len(self.traces)} {trace_word(self.kind)} ended, "
+            f"{len(self.running)} running, {spent.forks} forks, ${spent.usd:.4f}{cap} spent",
             markup=False,
             highlight=False,
         )
-        info.spent = _spend(shared)
-        for trace in running.values():
+        self.info.spent = _spend(self.shared)
+        for trace in self.running.values():
             if trace.run is not None:
                 trace.run.checkpoint()
-        info.write(out)
+        self.info.write(self.out)
 
-    def on_interrupt(signum: int, frame: Any) -> None:
-        if interrupted:
+    def _on_interrupt(self, signum: int, frame: Any) -> None:
+        """The first Ctrl-C stops admitting forks and lets those in flight land; a second
+        one stops at once."""
+        if self.interrupted is not None:
             raise KeyboardInterrupt
-        interrupted.append(time.monotonic())
-        loop.stop()
-        for trace in running.values():
+        self.interrupted = time.monotonic()
+        self.loop.stop()
+        for trace in self.running.values():
             if trace.run is not None and trace.run.scheduler is not None:
                 trace.run.scheduler.governor.stop("interrupted (Ctrl-C)")
 
-    main = threading.current_thread() is threading.main_thread()
-    # Nothing to run (every trace ended before, or cannot be attributed): start nothing.
-    if runnable:
-        with live_provider(job) as urls:
-            ray_info = RayInfo.model_validate(cluster_info(init_ray(address)))
-            executor: RayExecutor = make_executor(job, urls)
-            workers = executor.worker_pids()
-            window = job.spec.provider.concurrency
-            loop = RunLoop(
-                executor,
-                [Window(window), shared],
-                max_active=max_active,
-                on_done=done,
-                on_wait=tick,
-                feed=feed,
-            )
-            before = signal.signal(signal.SIGINT, on_interrupt) if main else None
-            try:
-                loop.run()
-            except KeyboardInterrupt:
-                for trace in running.values():
-                    if trace.run is not None:
-                        trace.run.stop()
-                interrupted.append(time.monotonic())
-            finally:
-                if before is not None:
-                    signal.signal(signal.SIGINT, before)
-                for trace in running.values():
-                    if trace.run is not None:
-                        trace.run.close()
-                executor.shutdown()
-    for trace in traces:
-        if trace.row is None:
-            old = JobInfo.read(folder, trace.job_id) if trace.tape is not None else None
-            trace.row = trace_row(trace, old if old is not None and old.status in ENDED else None)
-            if trace.row.status in ("pending", "running"):
-                trace.row.status = "interrupted" if interrupted and old else "pending"
-                trace.row.reason = (
-                    "not run: interrupted; rerun the same command to continue"
-                    if interrupted
-                    else "not run: the batch's budget ran out first; rerun with a larger "
-                    "--budget-usd/--max-forks on the same output to continue"
-                )
-        info.traces[trace.name].status = trace.row.status
-        info.traces[trace.name].reason = trace.row.reason
-    rows = [t.row for t in traces if t.row is not None]
-    unfinished = [r for r in rows if r.status in ("pending", "interrupted", "running")]
-    info.status = "interrupted" if interrupted else "budget_exhausted" if unfinished else "complete"
-    info.spent = _spend(shared)
-    info.finished = _iso(time.time())
-    info.wall_s = time.time() - started
-    info.busy_share = busy[0] / info.wall_s if info.wall_s else None
-    if shared.overspent:
-        info.notes.extend(f"OVERSPENT: {o}" for o in shared.overspent)
-    write_rows(out, batch_id, "traces.parquet", TRACE_ROWS, [r.model_dump() for r in rows])
-    _write_summary(out, batch_id, info, rows)
-    info.write(out)
-    return BatchResult(folder, info, rows)
+    def _end(self) -> BatchResult:
+        """Every trace's row (those not run say why), traces.parquet, the summary and page,
+        and batch.json's last word."""
+        info, interrupted = self.info, self.interrupted is not None
+        for trace in self.traces:
+            if trace.row is None:
+                old = JobInfo.read(self.folder, trace.job_id) if trace.tape is not None else None
+                ended = old if old is not None and old.status in ENDED else None
+                trace.row = trace_row(trace, ended)
+                if trace.row.status in ("pending", "running"):
+                    trace.row.status = "interrupted" if interrupted and old else "pending"
+                    trace.row.reason = (
+                        "not run: interrupted; rerun the same command to continue"
+                        if interrupted
+                        else "not run: the batch's budget ran out first; rerun with a larger "
+                        "--budget-usd/--max-forks on the same output to continue"
+                    )
+            info.traces[trace.name].status = trace.row.status
+            info.traces[trace.name].reason = trace.row.reason
+        rows = [t.row for t in self.traces if t.row is not None]
+        unfinished = [r for r in rows if r.status in ("pending", "interrupted", "running")]
+        info.status = (
+            "interrupted" if interrupted else "budget_exhausted" if unfinished else "complete"
+        )
+        info.spent = _spend(self.shared)
+        info.finished = _iso(time.time())
+        info.wall_s = time.time() - self.started
+        info.busy_share = self.busy_s / info.wall_s if info.wall_s else None
+        if self.shared.overspent:
+            info.notes.extend(f"OVERSPENT: {o}" for o in self.shared.overspent)
+        batch_id = info.batch_id
+        write_rows(self.out, batch_id, "traces.parquet", TRACE_ROWS, [r.model_dump() for r in rows])
+        _write_summary(self.out, batch_id, info, rows)
+        info.write(self.out)
+        return BatchResult(self.folder, info, rows)
 
 
 def _job_run(trace: Trace, folder: str, held: Held) -> JobRun:
