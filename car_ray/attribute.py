@@ -51,6 +51,7 @@ from .results import (
     ProgressInfo,
     RayInfo,
     Spend,
+    StageState,
     StageTime,
     TapeRef,
     describe_step,
@@ -670,6 +671,9 @@ class JobRun:
         self.info.ledger = Ledger.model_validate(scheduler.governor.snapshot())
         if scheduler.candidates:
             self.info.shapley_candidates = scheduler.candidates
+        if scheduler.stage is not None:
+            stage = scheduler.stage
+            self.info.stage = StageState(name=stage.name, state=stage.state())
         self.info.progress = _progress_json(p or scheduler.progress)
         self.info.write(self.out)
 

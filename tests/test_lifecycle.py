@@ -257,6 +257,10 @@ def test_ctrl_c_stops_cleanly_and_a_resume_shows_real_spend(
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
     info = json.loads((folder / "job.json").read_text())
     assert info["status"] == "interrupted"
+    # Where the job was when stopped: a stage of the auto plan, with what it held.
+    stage = info["stage"]
+    assert stage["name"] in {"controls", "arms", "screen", "shapley"}
+    assert isinstance(stage["state"], dict), stage
     rows = _rows(folder)
     assert f"interrupted: {len(rows)} rows saved" in stdout + stderr
     # The forks in flight settled: nothing is left reserved, spend is the rows' cost.

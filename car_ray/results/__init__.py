@@ -22,6 +22,7 @@ from ._jobjson import (
     ProgressInfo,
     RayInfo,
     Spend,
+    StageState,
     StageTime,
     TapeRef,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "Spend",
     "Split",
     "Stage",
+    "StageState",
     "StageTime",
     "StepKind",
     "SummaryRow",

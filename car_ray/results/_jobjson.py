@@ -107,6 +107,15 @@ class StageTime(_Record):
     wall_s: float = 0.0
 
 
+class StageState(_Record):
+    """The stage a job was in at its last checkpoint and what it held (`Stage.state()`: the
+    screen's candidates, the Shapley seeds done, ...). Resume does not need it (a resumed
+    job replays its rows into its stages); it says where a running job is."""
+
+    name: str
+    state: dict[str, Any] = Field(default_factory=dict)
+
+
 class JobJsonError(ValueError):
     """A job.json this car-ray cannot read; the message names the file and the key."""
 
@@ -143,6 +152,7 @@ class JobInfo(_Record):
     provider_errors: int = 0
     fork_statuses: dict[str, int] = Field(default_factory=dict)
     stages: dict[str, StageTime] = Field(default_factory=dict)
+    stage: StageState | None = None  # as of the last checkpoint
     recorded_outcome: float | None = None  # the scorer's value on the tape
     verdict: str | None = None
     top_cause: dict[str, Any] | None = None
