@@ -13,7 +13,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -29,6 +29,7 @@ from rich.table import Table
 
 from . import __version__
 from .execute import (
+    AgentCode,
     Executor,
     MemorySink,
     NoExecutor,
@@ -754,8 +755,11 @@ class JobRun:
         return job_location(self.out, self.job_id)
 
 
-def make_executor(job: Job, urls: BaseUrls) -> RayExecutor:
-    """The job's pool of fork workers (Ray must be up), sized by its `[provider]`."""
+def make_executor(
+    job: Job, urls: BaseUrls, more: Sequence[tuple[Job, BaseUrls]] = ()
+) -> RayExecutor:
+    """The job's pool of fork workers (Ray must be up), sized by its `[provider]`; `more`
+    jobs' agents run in the same workers (their tapes added with `agent=` their ref)."""
     settings = job.spec.provider
     return RayExecutor(
         WorkerConfig(
@@ -767,6 +771,16 @@ def make_executor(job: Job, urls: BaseUrls) -> RayExecutor:
             requests_per_minute=settings.requests_per_minute,
             tokens_per_minute=settings.tokens_per_minute,
             max_attempts=settings.max_attempts,
+            more_agents=tuple(
+                AgentCode(
+                    agent_ref=other.spec.agent,
+                    scorer_ref=other.spec.scorer,
+                    search_path=tuple(str(p) for p in other.code_path()),
+                    base_urls=other_urls.as_dict(),
+                    pricing=other.spec.provider.pricing,
+                )
+                for other, other_urls in more
+            ),
         ),
         workers=settings.workers,
         per_worker_in_flight=max(1, settings.concurrency // settings.workers),

@@ -11,6 +11,7 @@ their rows, and the batch's budget counts what every earlier run spent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -146,26 +147,45 @@ def find_tapes(source: str | None, tapes: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _load(job: Job, given: str) -> Trace:
-    """The trace of tape `given`, or one that says why it cannot be attributed."""
+def check_jobs(jobs: Sequence[Job]) -> None:
+    """A batch's job files: at least one, and one per agent (a tape goes to the job file of
+    the agent that recorded it)."""
+    if not jobs:
+        raise ValueError("a batch needs a job file: give --job JOB.toml (one per agent)")
+    by_agent: dict[str, Job] = {}
+    for job in jobs:
+        other = by_agent.setdefault(job.spec.agent, job)
+        if other is not job:
+            raise ValueError(
+                f"--job {job.path} and --job {other.path} both attribute agent "
+                f"{job.spec.agent!r}: give one job file per agent"
+            )
+
+
+def _load(jobs: Sequence[Job], given: str) -> Trace:
+    """The trace of tape `given` with the job file of the agent that recorded it (the first
+    job when none is: it says why it cannot run it), or one that says why it cannot be
+    attributed."""
     try:
         tape = load_tape(Path(given))
         tape.require_sealed()
     except (OSError, ValueError) as exc:
         stem = Path(given).name.removesuffix(".tape")
-        return Trace(given, stem, job, status="corrupt", reason=_line(exc))
+        return Trace(given, stem, jobs[0], status="corrupt", reason=_line(exc))
+    job = next((j for j in jobs if j.spec.agent == tape.header.agent), jobs[0])
     trace = Trace(given, tape.tape_id[:16], job, tape=tape)
     try:
         trace.recorded = check_tape(job, tape)
     except (ValueError, UserCodeError) as exc:
-        # Another agent's tape (the job's agent cannot replay it), or not a failure.
+        # Another agent's tape (no job file's agent replays it), or not a failure.
         other = tape.header.agent != job.spec.agent
         trace.status, trace.reason = ("other_agent" if other else "not_failing"), _line(exc)
-        if other and isinstance(exc, UserCodeError):
+        if other:
+            agents = ", ".join(f"{j.spec.agent!r} ({j.path})" for j in jobs)
             trace.reason = _line(
                 ValueError(
-                    f"recorded by agent {tape.header.agent!r}, which {job.spec.agent!r} does "
-                    f"not replay ({exc})"
+                    f"recorded by agent {tape.header.agent!r}, which no job file of the batch "
+                    f"attributes ({agents}); add its job file with another --job"
                 )
             )
     return trace
@@ -191,16 +211,19 @@ def _line(exc: BaseException) -> str:
     return " ".join(str(exc).split())[:500]
 
 
-def batch_id_of(job: Job, traces: Sequence[Trace], split: Split) -> str:
-    """The same job file and code over the same tapes, split the same way, is the same batch
-    (budget aside: a rerun with a larger one continues it)."""
-    identity = {
-        "request": job.request_identity(),
-        "code": job.source_digests(),
+def batch_id_of(jobs: Sequence[Job], traces: Sequence[Trace], split: Split) -> str:
+    """The same job files and code over the same tapes, split the same way, is the same
+    batch (budget aside: a rerun with a larger one continues it)."""
+    identity: dict[str, Any] = {
+        "request": jobs[0].request_identity(),
+        "code": jobs[0].source_digests(),
         "tapes": sorted(t.tape.tape_id if t.tape else t.given for t in traces),
         "split": split,
     }
-    return f"{job.name}-batch-{digest_of(identity)[:12]}"
+    if len(jobs) > 1:  # (one job's batch keeps the id it had before batches had many)
+        identity["more"] = [[j.request_identity(), j.source_digests()] for j in jobs[1:]]
+    name = ".".join(dict.fromkeys(j.name for j in jobs))[:60]
+    return f"{name}-batch-{digest_of(identity)[:12]}"
 
 
 def _min(a: float | None, b: float | None) -> float | None:
@@ -363,7 +386,7 @@ ProgressFn = Callable[[str], None]
 
 
 def run_batch(
-    job: Job,
+    jobs: Job | Sequence[Job],
     tapes: Sequence[str],
     *,
     out: str | None = None,
@@ -375,9 +398,15 @@ def run_batch(
     console: Console | None = None,
     max_active: int = MAX_ACTIVE,
 ) -> BatchResult:
-    """Attribute `tapes` (paths) with `job` under one budget; see the module's text.
-    `manifest` maps a tape's file name to its `priority` and `planted` cause."""
+    """Attribute `tapes` (paths), each with the job file of the agent that recorded it
+    (`jobs`: one per agent), under one budget; see the module's text. `manifest` maps a
+    tape's file name to its `priority` and `planted` cause."""
     console = console or Console()
+    given_jobs: dict[Path, Job] = {}  # a job file given twice counts once
+    for job in [jobs] if isinstance(jobs, Job) else jobs:
+        given_jobs.setdefault(job.path.resolve(), job)
+    jobs = list(given_jobs.values())
+    check_jobs(jobs)
     if budget_usd is None and max_forks is None:
         raise ValueError(
             "a batch needs a budget: give --budget-usd (dollars over every trace) and/or "
@@ -387,8 +416,8 @@ def run_batch(
         raise ValueError(f"--budget-usd {budget_usd:g}: must be more than 0")
     if max_forks is not None and max_forks < 1:
         raise ValueError(f"--max-forks {max_forks}: must be at least 1")
-    out = out or job.spec.out
-    traces = [_load(job, t) for t in tapes]
+    out = out or jobs[0].spec.out
+    traces = [_load(jobs, t) for t in tapes]
     for trace in traces:
         entry = (manifest or {}).get(Path(trace.given).name, {})
         trace.priority = entry.get("priority")
@@ -399,17 +428,17 @@ def run_batch(
     for trace in traces:
         first.setdefault(trace.name, trace)
     traces = list(first.values())
-    batch_id = batch_id_of(job, traces, split)
+    batch_id = batch_id_of(jobs, traces, split)
     folder = job_location(out, batch_id)
     budget = Budget(max_forks=max_forks, max_usd=budget_usd)
     with hold_job(out, batch_id) as held:
         return _run(
-            job, traces, out, batch_id, folder, budget, split, address, console, held, max_active
+            jobs, traces, out, batch_id, folder, budget, split, address, console, held, max_active
         )
 
 
 def _run(
-    job: Job,
+    jobs: Sequence[Job],
     traces: list[Trace],
     out: str,
     batch_id: str,
@@ -424,7 +453,7 @@ def _run(
 ) -> BatchResult:
     """Run `traces` (a batch's, or a sweep's cells) to their end under `budget`, the batch's
     lock `held`; see the module's text."""
-    run = _BatchRun(job, traces, out, batch_id, folder, budget, split, console, held, kind)
+    run = _BatchRun(jobs, traces, out, batch_id, folder, budget, split, console, held, kind)
     return run.run(address, max_active)
 
 
@@ -434,7 +463,7 @@ class _BatchRun:
 
     def __init__(
         self,
-        job: Job,
+        jobs: Sequence[Job],
         traces: list[Trace],
         out: str,
         batch_id: str,
@@ -445,7 +474,9 @@ class _BatchRun:
         held: Held,
         kind: Literal["batch", "sweep"],
     ) -> None:
-        self.job, self.traces, self.out, self.folder = job, traces, out, folder
+        # The first job's [provider] sizes the pool and its window, for every agent.
+        self.jobs, self.job = list(jobs), jobs[0]
+        self.traces, self.out, self.folder = traces, out, folder
         self.budget, self.split, self.console, self.held = budget, split, console, held
         self.kind = kind
         self.previous = BatchInfo.read(out, batch_id)
@@ -453,8 +484,9 @@ class _BatchRun:
         self.info = BatchInfo(
             batch_id=batch_id,
             kind=kind,
-            job_file=str(job.path),
-            request=job.spec.model_dump(mode="json"),
+            job_file=str(self.job.path),
+            job_files=[str(j.path) for j in jobs],
+            request=self.job.spec.model_dump(mode="json"),
             split=split,
             budget=Caps(**budget.as_dict()),
             runs=(self.previous.runs if self.previous else 0) + 1,
@@ -528,9 +560,12 @@ class _BatchRun:
         if not self.queue:  # every trace ended before, or cannot be attributed: start nothing
             return self._end()
         main = threading.current_thread() is threading.main_thread()
-        with live_provider(self.job) as urls:
+        with contextlib.ExitStack() as providers:
+            # Each job's provider (a simulated one: its own policy), its agent in every worker.
+            urls = [providers.enter_context(live_provider(j)) for j in self.jobs]
             self.ray_info = RayInfo.model_validate(cluster_info(init_ray(address)))
-            self.executor = make_executor(self.job, urls)
+            more = list(zip(self.jobs[1:], urls[1:], strict=True))
+            self.executor = make_executor(self.job, urls[0], more)
             self.workers = self.executor.worker_pids()
             window = Window(self.job.spec.provider.concurrency)
             self.loop = RunLoop(
@@ -576,7 +611,12 @@ class _BatchRun:
             running = list(self.running.values())
             trace.cap = self.shares.cap(trace, self.shared, running, waiting)
         trace.run.cap(trace.cap)
-        self.executor.add_tape(trace.tape.tape_id, trace.tape.path.read_bytes())
+        agent = trace.job.spec.agent
+        self.executor.add_tape(
+            trace.tape.tape_id,
+            trace.tape.path.read_bytes(),
+            agent=None if agent == self.job.spec.agent else agent,
+        )
         scheduler = trace.run.start(self.executor, self.ray_info, self.workers)
         self.running[trace.job_id] = trace
         state = self.info.traces[trace.name]

@@ -568,9 +568,15 @@ def batch_cmd(
     tapes: Annotated[
         list[str] | None, typer.Argument(help="tape files (besides --from's)", show_default=False)
     ] = None,
-    job_file: Annotated[
-        Path, typer.Option("--job", help="the job file every trace is attributed with")
-    ] = Path("job.toml"),
+    job_files: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--job",
+            help="the job file traces are attributed with; repeat it for traces of several "
+            "agents (each trace goes to its agent's job file) [default: job.toml]",
+            show_default=False,
+        ),
+    ] = None,
     source: Annotated[
         str | None,
         typer.Option(
@@ -605,11 +611,11 @@ def batch_cmd(
 
     if split not in ("adaptive", "equal", "priority"):
         raise _fail(f"--split {split!r}: give adaptive, equal or priority")
-    job = _job(job_file)
+    jobs = [_job(path) for path in job_files or [Path("job.toml")]]
 
     def start(shown: Console) -> BatchResult:
         return run_batch(
-            job,
+            jobs,
             find_tapes(source, tapes or []),
             out=out,
             budget_usd=budget_usd,
@@ -620,7 +626,7 @@ def batch_cmd(
             console=shown,
         )
 
-    _run_many("batch", job, start, as_json)
+    _run_many("batch", jobs, start, as_json)
 
 
 @app.command("sweep")
@@ -643,10 +649,12 @@ def sweep_cmd(
     def start(shown: Console) -> BatchResult:
         return run_sweep(sweep_file, out=out, address=address, console=shown)
 
-    _run_many("sweep", job, start, as_json)
+    _run_many("sweep", [job], start, as_json)
 
 
-def _run_many(kind: str, job: Job, start: Callable[[Console], BatchResult], as_json: bool) -> None:
+def _run_many(
+    kind: str, jobs: list[Job], start: Callable[[Console], BatchResult], as_json: bool
+) -> None:
     """Run a batch or a sweep (`start`, given where its progress goes), print how it ended
     (a sweep's comparison table first; or --json) and exit with its verdict."""
     from .batch import batch_text, rows_json
@@ -656,7 +664,16 @@ def _run_many(kind: str, job: Job, start: Callable[[Console], BatchResult], as_j
 
     try:
         result = start(err if as_json else console)
-    except UserCodeError as exc:
+    except UserCodeError as exc:  # named by the job file whose code it was in
+        where = exc.where.rpartition(":")[0]
+        job = next(
+            (
+                j
+                for j in jobs
+                if where and any(Path(where).is_relative_to(p) for p in j.code_path())
+            ),
+            jobs[0],
+        )
         raise _user_code_failed(job, exc) from None
     except (TapeError, JobFileError, ValueError, OutputError) as exc:
         raise _fail(str(exc)) from None

@@ -135,7 +135,7 @@ def run_sweep(
 
         tapes = [str(ensure_tape(job).path)]
     out = out or spec.out or job.spec.out
-    loaded = {t: _load(job, t) for t in tapes}
+    loaded = {t: _load([job], t) for t in tapes}
     traces: list[Trace] = []
     for settings in cells(spec):
         cjob = cell_job(job, settings, str(path))
@@ -167,7 +167,7 @@ def run_sweep(
     budget = Budget(max_forks=spec.max_forks, max_usd=spec.max_usd)
     with hold_job(out, sweep_id) as held:
         return _run(
-            job, traces, out, sweep_id, folder, budget, spec.split, address, console, held,
+            [job], traces, out, sweep_id, folder, budget, spec.split, address, console, held,
             MAX_ACTIVE, "sweep",
         )  # fmt: skip
 

@@ -270,3 +270,46 @@ def test_a_nightly_batch_names_the_planted_causes_and_goes_past_bad_traces(
     page = (Path(result.folder) / "report.html").read_text()
     links = re.findall(r'<a href="([^"]+)"', page)
     assert len(links) == 12 and all((Path(result.folder) / unquote(h)).is_file() for h in links)
+
+
+def test_a_batch_of_several_agents_attributes_each_trace_with_its_agents_job_file(
+    support_job: Job, support_sim: SimServer, tmp_path: Path
+) -> None:
+    nightly_tapes = tmp_path / "nightly"
+    subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "nightly" / "generate.py"), str(nightly_tapes),
+         "--count", "4", "--seed", "5"],
+        check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "jobs")},
+    )  # fmt: skip
+    from car_ray.batch import find_tapes, read_manifest_for
+
+    support_tapes = _record_runs(support_job, support_sim, tmp_path / "support", 2, 0)
+    support = load(support_job_file(tmp_path / "job", support_tapes[0]))
+    nightly = load(ROOT / "jobs" / "nightly" / "job.toml")
+    given = find_tapes(str(nightly_tapes), [str(p) for p in support_tapes])
+    manifest = read_manifest_for(None, str(nightly_tapes))
+    out = str(tmp_path / "out")
+    result = run_batch([nightly, support], given, out=out, budget_usd=1.0, manifest=manifest)
+
+    assert result.exit_code == 0 and result.info.spent.usd <= 1.0
+    assert result.info.job_files == [str(nightly.path), str(support.path)]
+    assert [r.status for r in result.rows] == ["complete"] * 6, result.rows
+    for row in result.rows[:4]:  # the nightly agent's traces: each its planted step
+        assert row.planted_step is not None and row.top_step == row.planted_step, row
+    for row in result.rows[4:]:  # the support agent's: each its exact top cause
+        truth = run(solve(support, load_tape(Path(row.tape))))
+        assert row.top_step in truth.top, (row, truth.top)
+    per_trace = Counter(batch_forks(result.folder).to_table(["trace"]).column(0).to_pylist())
+    assert per_trace == {r.trace: r.forks for r in result.rows}
+
+    # Without the support job file its tapes are another agent's: reported, nothing run.
+    alone = run_batch(nightly, [str(support_tapes[0])], out=out, budget_usd=1.0)
+    (row,) = alone.rows
+    assert row.status == "other_agent" and "add its job file with another --job" in (
+        row.reason or ""
+    )
+    assert alone.info.spent.forks == 0
+    # Two job files of one agent: which would a tape go to? Refused, naming both.
+    copy = load(support_job_file(tmp_path / "copy", support_tapes[0]))
+    with pytest.raises(ValueError, match=f"--job {copy.path} and --job {support.path} both"):
+        run_batch([support, copy], given, out=out, budget_usd=1.0)

@@ -7,6 +7,7 @@ from ._health import NoWorkers
 from ._local import LocalExecutor, MemorySink, NoExecutor
 from ._protocol import BatchLost, Executor, Item, Row, RowSink, Verified, run_item
 from ._ray import (
+    AgentCode,
     ClusterUnreachable,
     ForkWorker,
     RayExecutor,
@@ -16,6 +17,7 @@ from ._ray import (
 )
 
 __all__ = [
+    "AgentCode",
     "BatchLost",
     "ClusterUnreachable",
     "Executor",

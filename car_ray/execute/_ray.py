@@ -44,8 +44,22 @@ log = structlog.get_logger("car_ray.execute")
 
 
 @dataclass(frozen=True)
+class AgentCode:
+    """Another agent the workers run forks of (a batch over several job files): its code,
+    its provider's URLs and prices. Its tapes are added with `add_tape(..., agent=ref)`."""
+
+    agent_ref: str
+    scorer_ref: str
+    search_path: tuple[str, ...]
+    base_urls: dict[str, str]
+    pricing: str | None = None
+
+
+@dataclass(frozen=True)
 class WorkerConfig:
-    """What every worker needs to run forks: plain data, so it crosses process lines."""
+    """What every worker needs to run forks: plain data, so it crosses process lines. The
+    agent here runs every tape not added for one of `more_agents`; the provider's limits
+    are the pool's, over every agent."""
 
     agent_ref: str
     scorer_ref: str
@@ -56,57 +70,66 @@ class WorkerConfig:
     tokens_per_minute: float | None = None
     max_threads: int = 128
     max_attempts: int = 6  # of a call the provider fails (RetryPolicy)
+    more_agents: tuple[AgentCode, ...] = ()
 
 
 class ForkWorker:
-    """A Ray actor (async): runs batches of forks concurrently on one event loop."""
+    """A Ray actor (async): runs batches of forks concurrently on one event loop, each on
+    the runner of its tape's agent."""
 
     def __init__(self, config: WorkerConfig) -> None:
-        from .._imports import import_ref
-
-        for folder in reversed(config.search_path):
-            if folder not in sys.path:
-                sys.path.insert(0, folder)
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        paths = tuple(Path(p) for p in config.search_path)
-        agent = import_ref(config.agent_ref, "agent", paths)
-        scorer = import_ref(config.scorer_ref, "scorer", paths)
         limited = config.requests_per_minute or config.tokens_per_minute
         limiter = (
             RateLimiter(config.requests_per_minute, config.tokens_per_minute) if limited else None
+        )
+        # One upstream (connections, retries, the rate limit) for every agent's runner.
+        upstream = AiohttpUpstream(
+            retry=RetryPolicy(max_attempts=config.max_attempts), limiter=limiter
         )
         keys = {
             "openai": os.environ.get("OPENAI_API_KEY", ""),
             "anthropic": os.environ.get("ANTHROPIC_API_KEY", ""),
         }
-        self.runner = ForkRunner(
-            agent,
-            scorer,
-            base_urls=BaseUrls(**config.base_urls),
-            upstream=AiohttpUpstream(
-                retry=RetryPolicy(max_attempts=config.max_attempts), limiter=limiter
+        codes = [
+            AgentCode(
+                config.agent_ref,
+                config.scorer_ref,
+                config.search_path,
+                config.base_urls,
+                config.pricing,
             ),
-            prices=PriceTable.load(Path(config.pricing) if config.pricing else None),
-            api_keys={k: v for k, v in keys.items() if v},
-            max_threads=config.max_threads,
-        )
+            *config.more_agents,
+        ]
+        self.runners: dict[str | None, ForkRunner] = {}
+        for index, code in enumerate(codes):
+            self.runners[None if index == 0 else code.agent_ref] = _runner(
+                code, upstream, {k: v for k, v in keys.items() if v}, config.max_threads
+            )
+        self.runner = self.runners[None]
+        self._by_tape: dict[str, ForkRunner] = {}
         self.name = f"{os.uname().nodename}:{os.getpid()}"
 
     def pid(self) -> int:
         return os.getpid()
 
-    async def _ensure(self, tapes: dict[str, Any]) -> None:
-        for tape_id, ref in tapes.items():
-            if tape_id not in self.runner._tapes:
+    async def _ensure(self, tapes: dict[str, tuple[str | None, Any]]) -> None:
+        for tape_id, (agent, ref) in tapes.items():
+            if tape_id not in self._by_tape:
                 raw = await ref if isinstance(ref, ray.ObjectRef) else ref
-                self.runner.add_tape(parse_tape(raw, Path(f"<tape {tape_id[:12]}>")))
+                runner = self.runners[agent]
+                runner.add_tape(parse_tape(raw, Path(f"<tape {tape_id[:12]}>")))
+                self._by_tape[tape_id] = runner
 
-    async def verify(self, tapes: dict[str, Any], tape_id: str) -> dict[str, Any]:
+    async def verify(
+        self, tapes: dict[str, tuple[str | None, Any]], tape_id: str
+    ) -> dict[str, Any]:
         """Replay the tape here ($0): what the scheduler's `verify` stage needs."""
         await self._ensure(tapes)
+        runner = self._by_tape[tape_id]
         try:
-            await self.runner.replay(tape_id)
-            recorded_outcome = self.runner.recorded_outcome(tape_id)
+            await runner.replay(tape_id)
+            recorded_outcome = runner.recorded_outcome(tape_id)
         except DivergenceError as exc:
             return {"ok": False, "divergence": exc.render()}
         except UserCodeError as exc:
@@ -116,7 +139,7 @@ class ForkWorker:
         return {"ok": True, "recorded_outcome": recorded_outcome}
 
     async def run_batch(
-        self, tapes: dict[str, Any], items: list[tuple[str, str, int, str, str]]
+        self, tapes: dict[str, tuple[str | None, Any]], items: list[tuple[str, str, int, str, str]]
     ) -> list[Row]:
         """Run forks concurrently; each row comes back with the worker's name and timing."""
         await self._ensure(tapes)
@@ -126,11 +149,36 @@ class ForkWorker:
             limit = SpendLimit.model_validate_json(limit_json)
             return Item(spec, stage, attempt, limit, job_id)
 
+        forks = [item(*fork) for fork in items]
         return list(
             await asyncio.gather(
-                *(run_item(self.runner, item(*fork), self.name, fork[0]) for fork in items)
+                *(
+                    run_item(self._by_tape[i.spec.tape_id], i, self.name, fork[0])
+                    for i, fork in zip(forks, items, strict=True)
+                )
             )
         )
+
+
+def _runner(
+    code: AgentCode, upstream: AiohttpUpstream, api_keys: dict[str, str], max_threads: int
+) -> ForkRunner:
+    """A runner of `code`'s agent and scorer, imported from its own folders first."""
+    from .._imports import import_ref
+
+    for folder in reversed(code.search_path):
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+    paths = tuple(Path(p) for p in code.search_path)
+    return ForkRunner(
+        import_ref(code.agent_ref, "agent", paths),
+        import_ref(code.scorer_ref, "scorer", paths),
+        base_urls=BaseUrls(**code.base_urls),
+        upstream=upstream,
+        prices=PriceTable.load(Path(code.pricing) if code.pricing else None),
+        api_keys=api_keys,
+        max_threads=max_threads,
+    )
 
 
 class ClusterUnreachable(ValueError):
@@ -296,7 +344,8 @@ class RayExecutor:
         # Ray's stubs do not type actor handles' remote methods: handles are Any here.
         self.workers: list[Any] = [actor.remote(share) for _ in range(workers)]
         self.batch_size = batch_size
-        self._tapes: dict[str, Any] = {}
+        self._agents = {None, *(a.agent_ref for a in config.more_agents)}
+        self._tapes: dict[str, tuple[str | None, Any]] = {}  # (its agent, its object ref)
         self._tape_users: dict[str, int] = {}
         self._pending: dict[Any, tuple[int, list[Item]]] = {}
         self._health = WorkerHealth(self.workers)
@@ -306,10 +355,13 @@ class RayExecutor:
         self.lost_batches = 0
         self.rerouted_batches = 0
 
-    def add_tape(self, tape_id: str, raw: bytes) -> None:
-        """Hold a tape for forks (each `add_tape` is undone by one `drop_tape`)."""
+    def add_tape(self, tape_id: str, raw: bytes, agent: str | None = None) -> None:
+        """Hold a tape for forks, run by the config's agent or `agent` (the ref of one of its
+        `more_agents`). Each `add_tape` is undone by one `drop_tape`."""
+        if agent not in self._agents:
+            raise ValueError(f"agent {agent!r} is not one of this pool's ({self._agents})")
         if tape_id not in self._tapes:
-            self._tapes[tape_id] = ray.put(raw)
+            self._tapes[tape_id] = (agent, ray.put(raw))
         self._tape_users[tape_id] = self._tape_users.get(tape_id, 0) + 1
 
     def drop_tape(self, tape_id: str) -> None:
@@ -320,7 +372,7 @@ class RayExecutor:
             self._tapes.pop(tape_id, None)
             del self._tape_users[tape_id]
 
-    def _tapes_of(self, tape_ids: Iterable[str]) -> dict[str, Any]:
+    def _tapes_of(self, tape_ids: Iterable[str]) -> dict[str, tuple[str | None, Any]]:
         """The object refs of the tapes a call needs (not every tape a batch holds)."""
         return {t: self._tapes[t] for t in set(tape_ids)}
 

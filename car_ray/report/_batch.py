@@ -76,7 +76,10 @@ def _header(info: BatchInfo, traces: Sequence[TraceRow], word: str) -> str:
         counts[r.status] = counts.get(r.status, 0) + 1
     facts = [
         (info.kind, f"<code>{esc(info.batch_id)}</code>"),
-        ("job file", f"<code>{esc(or_dash(info.job_file))}</code>"),
+        (
+            "job files" if len(info.job_files) > 1 else "job file",
+            ", ".join(f"<code>{esc(f)}</code>" for f in info.job_files or [or_dash(info.job_file)]),
+        ),
         ("split", esc(info.split)),
         (word, esc(", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none")),
         ("runs", esc(info.runs)),

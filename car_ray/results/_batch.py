@@ -118,7 +118,8 @@ class BatchInfo(BaseModel):
     batch_id: str
     kind: Literal["batch", "sweep"] = "batch"
     status: str = "running"
-    job_file: str | None = None
+    job_file: str | None = None  # the first job file (its provider runs the pool)
+    job_files: list[str] = Field(default_factory=list)  # one per agent
     request: dict[str, Any] = Field(default_factory=dict)
     split: Split = "adaptive"
     budget: Caps | None = None
