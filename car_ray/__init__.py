@@ -1,28 +1,59 @@
 """car-ray: which step of a recorded LLM-agent run caused the bad outcome.
 
-Record a run as a tape, replay it byte for byte, and fork it with interventions on steps."""
+Record a run as a tape, replay it byte for byte, and fork it with interventions on steps.
+
+The names below load on first use (PEP 562): `import car_ray.sim` or `car_ray.providers`
+does not import the openai and anthropic SDKs (about 2 s), so the simulated provider's
+process and other light users start quickly."""
 
 from __future__ import annotations
 
-from .recorder import failing_tapes, mark_tape, recording
-from .replay import (
-    AgentContext,
-    BaseUrls,
-    DivergenceError,
-    EditContext,
-    ForceAction,
-    ForkRow,
-    ForkRunner,
-    ForkSpec,
-    Intervention,
-    ReplaceObservation,
-    Resample,
-    SwapPolicy,
-    record,
-)
-from .tape import Tape, TapeError, load_tape
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .recorder import failing_tapes, mark_tape, recording
+    from .replay import (
+        AgentContext,
+        BaseUrls,
+        DivergenceError,
+        EditContext,
+        ForceAction,
+        ForkRow,
+        ForkRunner,
+        ForkSpec,
+        Intervention,
+        ReplaceObservation,
+        Resample,
+        SwapPolicy,
+        record,
+    )
+    from .tape import Tape, TapeError, load_tape
 
 __version__ = "0.1.0"
+
+_WHERE = {
+    **dict.fromkeys(("failing_tapes", "mark_tape", "recording"), ".recorder"),
+    **dict.fromkeys(
+        (
+            "AgentContext",
+            "BaseUrls",
+            "DivergenceError",
+            "EditContext",
+            "ForceAction",
+            "ForkRow",
+            "ForkRunner",
+            "ForkSpec",
+            "Intervention",
+            "ReplaceObservation",
+            "Resample",
+            "SwapPolicy",
+            "record",
+        ),
+        ".replay",
+    ),
+    **dict.fromkeys(("Tape", "TapeError", "load_tape"), ".tape"),
+}
 
 __all__ = [
     "AgentContext",
@@ -46,3 +77,16 @@ __all__ = [
     "record",
     "recording",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'car_ray' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -456,3 +458,17 @@ def test_a_sim_process_serves_the_same_answers(
                 ask_anthropic(claude, seed)
             )
         assert child.requests_served == 6
+
+
+def test_the_simulated_provider_starts_without_the_sdks_and_car_ray_names_still_resolve() -> None:
+    # The sim's process imports car_ray.sim only: the openai and anthropic SDKs (~2 s of
+    # imports) stay out of it, while every public name of car_ray loads on first use.
+    code = (
+        "import sys, car_ray.sim; assert 'openai' not in sys.modules, 'openai imported'; "
+        "assert 'anthropic' not in sys.modules, 'anthropic imported'; "
+        "import car_ray; [getattr(car_ray, n) for n in car_ray.__all__]; "
+        "from car_ray import *; print(AgentContext.__name__, recording.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["AgentContext", "recording"]

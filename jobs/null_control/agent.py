@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 from datetime import date, datetime, timedelta
-from typing import Any
-
-from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam, ToolUseBlockParam
+from typing import TYPE_CHECKING, Any
 
 import car_ray
+
+if TYPE_CHECKING:  # annotations only: the SDK's types cost ~1.5 s to import
+    from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam, ToolUseBlockParam
 
 MODEL = "claude-haiku-4-5"
 MAX_TOKENS = 1024

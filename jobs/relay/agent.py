@@ -15,11 +15,12 @@ anthropic SDK, non-streaming. On the recorded path the tape has 9 steps:
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
+from typing import TYPE_CHECKING, Any
 
 import car_ray
+
+if TYPE_CHECKING:  # annotations only: the SDK's types cost ~1.5 s to import
+    from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
 
 MODEL = "claude-haiku-4-5"
 MAX_TOKENS = 1024

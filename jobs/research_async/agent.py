@@ -12,11 +12,12 @@ is the bad outcome. The async anthropic SDK, streaming; the search and fetch too
 from __future__ import annotations
 
 import json
-from typing import Any, TypedDict
-
-from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam, ToolUseBlockParam
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import car_ray
+
+if TYPE_CHECKING:  # annotations only: the SDK's types cost ~1.5 s to import
+    from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam, ToolUseBlockParam
 
 MODEL = "claude-haiku-4-5"
 MAX_TOKENS = 1024
