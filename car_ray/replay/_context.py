@@ -54,6 +54,13 @@ class AgentContext:
             self._clients[name] = make()
         return self._clients[name]
 
+    def base_url(self, provider: str) -> str:
+        """The base URL this run's `provider` ("openai" or "anthropic") answers on: what the
+        SDK clients use, for an agent that calls the API with `http_client` instead (POST to
+        `base_url("openai") + "/chat/completions"` or `base_url("anthropic") +
+        "/v1/messages"`: each exchange is a step as an SDK call is)."""
+        return self._base(provider)
+
     @property
     def http_client(self) -> httpx2.Client:
         """A sync httpx2 client whose every request is a recorded step."""
