@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import pyarrow.dataset as pads
 import structlog
@@ -55,6 +56,7 @@ from .results import (
     summarize,
     write_rows,
 )
+from .results._output import OutputError, is_uri, list_location, read_location, staged_copy
 from .schedule import Budget, Cost, Scheduler, effective_budget
 from .schedule._loop import JobSource, RunLoop, SharedBudget, Window
 from .tape import LlmEvent, Tape, ToolEvent, load_tape
@@ -122,29 +124,68 @@ class BatchResult:
 
 
 def find_tapes(source: str | None, tapes: Sequence[str]) -> list[str]:
-    """The tapes a batch attributes: `source`'s failing runs (a recording folder whose tapes
-    carry marks: those marked failed; without any mark: every `*.tape`), then `tapes`."""
-    from .recorder import failing_tapes
-
+    """The tapes a batch attributes: `source`'s failing runs (a recording folder, local or a
+    URI such as s3://bucket/runs, whose tapes carry marks: those marked failed; without any
+    mark: every `*.tape`), then `tapes` (paths or URIs)."""
     found: list[str] = []
     if source is not None:
-        folder = Path(source)
-        if not folder.is_dir():
-            raise ValueError(
-                f"--from {source}: no such folder (give the folder car_ray.recording writes "
-                "its tapes to, or list tapes after the options)"
-            )
-        if any(folder.glob("*.mark.json")):
-            found = [str(p) for p in failing_tapes(folder)]
-        else:
-            found = [str(p) for p in sorted(folder.glob("*.tape")) if not p.name.startswith(".")]
+        found = _remote_runs(source) if is_uri(source) else _local_runs(source)
     found += [str(t) for t in tapes]
     if not found:
         raise ValueError(
-            f"no tapes to attribute{f' in {source}' if source else ''}: give --from a folder "
-            "of recorded runs (marked failed) or tape files"
+            f"no tapes to attribute{f' in {shown(source)}' if source else ''}: give --from a "
+            "folder of recorded runs (marked failed) or tape files"
         )
     return list(dict.fromkeys(found))
+
+
+def _local_runs(source: str) -> list[str]:
+    from .recorder import failing_tapes
+
+    folder = Path(source)
+    if not folder.is_dir():
+        raise ValueError(
+            f"--from {source}: no such folder (give the folder car_ray.recording writes "
+            "its tapes to, or list tapes after the options)"
+        )
+    if any(folder.glob("*.mark.json")):
+        return [str(p) for p in failing_tapes(folder)]
+    return [str(p) for p in sorted(folder.glob("*.tape")) if not p.name.startswith(".")]
+
+
+def _remote_runs(source: str) -> list[str]:
+    """`_local_runs` of a folder at a URI (a recording folder copied to an object store):
+    its marks are read there, and only the tapes a batch attributes are fetched later."""
+    from .recorder import MARK_SUFFIX, TAPE_SUFFIX, parse_mark
+
+    names = list_location(source)
+    if names is None:
+        raise ValueError(
+            f"--from {shown(source)}: nothing there (give the URI of a folder holding "
+            "recorded runs: their .tape and .mark.json files)"
+        )
+    tapes = [n for n in names if n.endswith(TAPE_SUFFIX) and not n.startswith(".")]
+    if not any(n.endswith(MARK_SUFFIX) for n in names):
+        return [job_location(source, n) for n in tapes]
+    failing = []
+    for name in tapes:
+        mark = name.removesuffix(TAPE_SUFFIX) + MARK_SUFFIX
+        if mark not in names:
+            continue  # a run still going, or killed before its end: not a failure yet
+        where = job_location(source, mark)
+        try:
+            if parse_mark(read_location(where) or b"", shown(where)).failing:
+                failing.append(job_location(source, name))
+        except ValueError as exc:
+            log.warning("mark_unreadable", mark=shown(where), error=_line(exc))
+    return failing
+
+
+def _name_of(given: str) -> str:
+    """A tape's file name, from its path or URI."""
+    if is_uri(given):
+        return urlsplit(given).path.rstrip("/").rpartition("/")[2]
+    return Path(given).name
 
 
 def check_jobs(jobs: Sequence[Job]) -> None:
@@ -167,10 +208,10 @@ def _load(jobs: Sequence[Job], given: str) -> Trace:
     job when none is: it says why it cannot run it), or one that says why it cannot be
     attributed."""
     try:
-        tape = load_tape(Path(given))
+        tape = load_tape(staged_copy(given) if is_uri(given) else Path(given))
         tape.require_sealed()
-    except (OSError, ValueError) as exc:
-        stem = Path(given).name.removesuffix(".tape")
+    except (OSError, ValueError, OutputError) as exc:
+        stem = _name_of(given).removesuffix(".tape")
         return Trace(given, stem, jobs[0], status="corrupt", reason=_line(exc))
     job = next((j for j in jobs if j.spec.agent == tape.header.agent), jobs[0])
     trace = Trace(given, tape.tape_id[:16], job, tape=tape)
@@ -193,17 +234,27 @@ def _load(jobs: Sequence[Job], given: str) -> Trace:
 
 def read_manifest_for(manifest: Path | None, source: str | None) -> dict[str, dict[str, Any]]:
     """Priorities and planted causes by tape file name: `manifest` (a manifest.json), else
-    `source`'s manifest.json if it has one, else none."""
-    from .recorder import manifest_path, parse_manifest
+    `source`'s manifest.json if it has one (a folder or a URI), else none."""
+    from .recorder import MANIFEST_NAME, parse_manifest
 
-    path = manifest or (manifest_path(source) if source else None)
-    if path is None or (manifest is None and not path.exists()):
+    if manifest is not None:
+        where = str(manifest)
+        try:
+            data = manifest.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"{manifest}: cannot read the manifest ({exc.strerror})") from None
+    elif source is not None:
+        where = job_location(source, MANIFEST_NAME)
+        try:
+            found = read_location(where)
+        except OSError as exc:
+            raise ValueError(f"{shown(where)}: cannot read the manifest ({exc})") from None
+        if found is None:
+            return {}
+        data = found
+    else:
         return {}
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot read the manifest ({exc.strerror})") from None
-    entries = parse_manifest(data, str(path))
+    entries = parse_manifest(data, shown(where))
     return {name: e.model_dump() for name, e in entries.items()}
 
 
@@ -355,15 +406,11 @@ def _reason(info: JobInfo | None) -> str | None:
 def batch_forks(folder: str) -> pads.Dataset:
     """Every trace's fork rows of a batch folder as one dataset, `trace` a column (hive
     partitioning on `trace=<id>`)."""
-    from .results._output import _from_uri, is_uri
-
-    if is_uri(folder):
-        fs, root = _from_uri(folder)
-    else:
-        import pyarrow.fs as pafs
-
-        fs, root = pafs.LocalFileSystem(), str(Path(folder).resolve())
     import pyarrow.fs as pafs
+
+    from .results._output import open_location
+
+    fs, root = open_location(folder)
 
     files = [
         f.path
@@ -419,7 +466,7 @@ def run_batch(
     out = out or jobs[0].spec.out
     traces = [_load(jobs, t) for t in tapes]
     for trace in traces:
-        entry = (manifest or {}).get(Path(trace.given).name, {})
+        entry = (manifest or {}).get(_name_of(trace.given), {})
         trace.priority = entry.get("priority")
         trace.planted = entry.get("planted")
         trace.planted_step = entry.get("step")

@@ -581,8 +581,8 @@ def batch_cmd(
         str | None,
         typer.Option(
             "--from",
-            help="a folder of recorded runs (car_ray.recording's): those marked failed; "
-            "without marks, every *.tape",
+            help="a folder of recorded runs (car_ray.recording's), local or a URI such as "
+            "s3://bucket/runs: those marked failed; without marks, every *.tape",
         ),
     ] = None,
     budget_usd: Annotated[

@@ -325,3 +325,55 @@ def test_a_file_uri_is_a_local_folder_with_its_journal_and_lock(tmp_path: Path) 
     assert find_job(f"{out}/job-1") == f"{out}/job-1"
     (part,) = (tmp_path / "runs/job-1/forks").glob("part-*.parquet")
     assert pq.read_table(part).column("task_id").to_pylist() == ["t1"]
+
+
+def test_a_batch_reads_failing_runs_from_s3_and_writes_its_traces_there(
+    s3: pafs.S3FileSystem, tmp_path: Path
+) -> None:
+    """`car-ray batch --from s3://...`: a night's recording folder copied to an object store
+    (tapes, marks, manifest) is read there; a run marked passed is left out, a damaged one is
+    reported, the others name their planted cause, and the output is one dataset on S3."""
+    from car_ray.batch import batch_forks, find_tapes, read_manifest_for, run_batch
+    from car_ray.recorder import mark_tape, read_manifest
+
+    traces = tmp_path / "night"
+    subprocess.run(
+        [sys.executable, str(ROOT / "jobs" / "nightly" / "generate.py"), str(traces),
+         "--count", "3", "--corrupt", "1", "--seed", "5"],
+        check=True, cwd=ROOT, env=_env(),
+    )  # fmt: skip
+    good = sorted(n for n, e in read_manifest(traces).items() if e.planted != "corrupt")
+    mark_tape(traces / good[0], failed=False, reason="the customer was right after all")
+    pafs.copy_files(
+        str(traces),
+        f"{BUCKET}/night",
+        source_filesystem=pafs.LocalFileSystem(),
+        destination_filesystem=s3,
+    )
+    source = f"s3://{BUCKET}/night"
+    given = find_tapes(source, [])
+    assert len(given) == 3 and all(g.startswith(source + "/") for g in given)
+    assert not any(g.endswith("/" + good[0]) for g in given)
+    manifest = read_manifest_for(None, source)
+    assert len(manifest) == 4
+
+    job = load_job(ROOT / "jobs" / "nightly" / "job.toml")
+    quiet = Console(file=io.StringIO(), width=120)
+    result = run_batch(
+        job, given, out=f"s3://{BUCKET}/out", max_forks=300, manifest=manifest, console=quiet
+    )
+    assert result.exit_code == 0, result.rows
+    rows = {r.tape.rsplit("/", 1)[1]: r for r in result.rows}
+    assert all(r.tape.startswith(source + "/") for r in result.rows)
+    statuses = sorted(r.status for r in rows.values())
+    assert statuses == ["complete", "complete", "corrupt"], rows
+    for name, row in rows.items():
+        if row.status == "complete":
+            assert row.top_step == manifest[name]["step"], row
+    # What it wrote is on S3, every trace's forks readable as one dataset.
+    assert result.folder.startswith(f"s3://{BUCKET}/out/")
+    forks = batch_forks(result.folder).to_table().to_pylist()
+    assert len(forks) == result.info.spent.forks > 0
+    assert {f["trace"] for f in forks} == {
+        r.folder.removeprefix("trace=") for r in rows.values() if r.status == "complete"
+    }

@@ -16,6 +16,7 @@ from ._manifest import (
 )
 from ._marks import (
     MARK_SUFFIX,
+    TAPE_SUFFIX,
     MarkedBy,
     MarkedTape,
     MarkStatus,
@@ -24,6 +25,7 @@ from ._marks import (
     mark_path,
     mark_tape,
     marked_tapes,
+    parse_mark,
     read_mark,
 )
 from ._recording import (
@@ -38,6 +40,7 @@ from ._recording import (
 __all__ = [
     "MANIFEST_NAME",
     "MARK_SUFFIX",
+    "TAPE_SUFFIX",
     "AsyncRecordedAgent",
     "ManifestEntry",
     "ManifestError",
@@ -54,6 +57,7 @@ __all__ = [
     "mark_tape",
     "marked_tapes",
     "parse_manifest",
+    "parse_mark",
     "provider_base_urls",
     "read_manifest",
     "read_mark",

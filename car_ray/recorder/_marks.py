@@ -75,13 +75,18 @@ def read_mark(tape: Path) -> RunMark | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    return parse_mark(data, str(path))
+
+
+def parse_mark(data: bytes, where: str) -> RunMark:
+    """A mark's bytes read from `where` (a file or a URI); `ValueError` naming it otherwise."""
     try:
         return RunMark.model_validate_json(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "the file"
+        key = ".".join(str(p) for p in first["loc"]) or "the file"
         raise ValueError(
-            f"{path}: not a car-ray mark ({where}: {first['msg']}); delete it and mark the "
+            f"{where}: not a car-ray mark ({key}: {first['msg']}); delete it and mark the "
             f"run again (car_ray.recorder.mark_tape), or move it out of the folder"
         ) from None
 

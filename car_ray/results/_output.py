@@ -275,15 +275,65 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def staging_folder(job: JobDir) -> str:
-    """The local folder that holds a remote job's journal (rows not yet in a part): under
-    `CAR_RAY_STAGING`, else `$XDG_CACHE_HOME/car-ray/staging` (`~/.cache/...`), named by the
-    job id and a digest of where its output is."""
-    root = os.environ.get("CAR_RAY_STAGING") or os.path.join(
+def staging_root() -> str:
+    """This machine's local folder for what a remote location needs on disk: `CAR_RAY_STAGING`,
+    else `$XDG_CACHE_HOME/car-ray/staging` (`~/.cache/...`)."""
+    return os.environ.get("CAR_RAY_STAGING") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "car-ray", "staging"
     )
+
+
+def staging_folder(job: JobDir) -> str:
+    """The local folder that holds a remote job's journal (rows not yet in a part): under
+    `staging_root()`, named by the job id and a digest of where its output is."""
     where = hashlib.sha256(f"{job.fs.type_name}:{job.path}".encode()).hexdigest()[:12]
-    return os.path.join(root, f"{os.path.basename(job.path)}-{where}")
+    return os.path.join(staging_root(), f"{os.path.basename(job.path)}-{where}")
+
+
+def open_location(location: str | Path) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and path of a folder or file given as a local path or a URI (the
+    URI's credentials refused, its errors one line: `OutputError`)."""
+    if is_uri(location):
+        return _from_uri(str(location))
+    return pafs.LocalFileSystem(), str(Path(location).absolute())
+
+
+def read_location(location: str) -> bytes | None:
+    """The bytes of the file at a path or URI; None when there is no such file."""
+    fs, path = open_location(location)
+    try:
+        with reaching(shown(location)), fs.open_input_stream(path) as stream:
+            data: bytes = stream.read()
+            return data
+    except FileNotFoundError:
+        return None
+
+
+def list_location(folder: str) -> list[str] | None:
+    """The names of the files in a folder at a path or URI (not its subfolders), sorted; None
+    when the folder does not exist (on an object store: holds nothing)."""
+    fs, path = open_location(folder)
+    selector = pafs.FileSelector(path.rstrip("/") or "/", allow_not_found=True)
+    with reaching(shown(folder)):
+        infos = fs.get_file_info(selector)
+    if not infos and fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    return sorted(i.base_name for i in infos if i.type == pafs.FileType.File)
+
+
+def staged_copy(uri: str) -> Path:
+    """A local copy of the file at `uri` (a tape a batch reads from an object store), under
+    `staging_root()/inputs`, fetched anew each time; `FileNotFoundError` naming the URI when
+    there is no such file."""
+    data = read_location(uri)
+    if data is None:
+        raise FileNotFoundError(f"{shown(uri)}: no such file")
+    name = urlsplit(uri).path.rstrip("/").rpartition("/")[2]
+    digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
+    local = Path(staging_root()) / "inputs" / digest / name
+    local.parent.mkdir(parents=True, exist_ok=True)
+    write_whole(local, data, sync=False)
+    return local
 
 
 @dataclass(frozen=True)
@@ -311,10 +361,7 @@ def has_job(folder: str | Path) -> bool:
 
 def find_jobs(out: str | Path, prefix: str) -> list[FoundJob]:
     """The job folders under `out` whose name starts with `prefix`, oldest job.json first."""
-    if is_uri(out):
-        fs, base = _from_uri(str(out))
-    else:
-        fs, base = pafs.LocalFileSystem(), str(Path(out).absolute())
+    fs, base = open_location(out)
     selector = pafs.FileSelector(base.rstrip("/") or "/", allow_not_found=True)
     try:
         names = [
