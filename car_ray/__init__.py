@@ -11,24 +11,26 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .recorder import failing_tapes, mark_tape, recording
-    from .replay import (
-        AgentContext,
-        BaseUrls,
-        DivergenceError,
-        EditContext,
-        ForceAction,
-        ForkRow,
-        ForkRunner,
-        ForkSpec,
-        Intervention,
-        ReplaceObservation,
-        Resample,
-        SwapPolicy,
-        record,
-    )
-    from .tape import Tape, TapeError, load_tape
+if TYPE_CHECKING:  # the names below, for type checkers (redundant aliases: re-exports)
+    from .recorder import failing_tapes as failing_tapes
+    from .recorder import mark_tape as mark_tape
+    from .recorder import recording as recording
+    from .replay import AgentContext as AgentContext
+    from .replay import BaseUrls as BaseUrls
+    from .replay import DivergenceError as DivergenceError
+    from .replay import EditContext as EditContext
+    from .replay import ForceAction as ForceAction
+    from .replay import ForkRow as ForkRow
+    from .replay import ForkRunner as ForkRunner
+    from .replay import ForkSpec as ForkSpec
+    from .replay import Intervention as Intervention
+    from .replay import ReplaceObservation as ReplaceObservation
+    from .replay import Resample as Resample
+    from .replay import SwapPolicy as SwapPolicy
+    from .replay import record as record
+    from .tape import Tape as Tape
+    from .tape import TapeError as TapeError
+    from .tape import load_tape as load_tape
 
 __version__ = "0.1.0"
 
@@ -55,28 +57,7 @@ _WHERE = {
     **dict.fromkeys(("Tape", "TapeError", "load_tape"), ".tape"),
 }
 
-__all__ = [
-    "AgentContext",
-    "BaseUrls",
-    "DivergenceError",
-    "EditContext",
-    "ForceAction",
-    "ForkRow",
-    "ForkRunner",
-    "ForkSpec",
-    "Intervention",
-    "ReplaceObservation",
-    "Resample",
-    "SwapPolicy",
-    "Tape",
-    "TapeError",
-    "__version__",
-    "failing_tapes",
-    "load_tape",
-    "mark_tape",
-    "record",
-    "recording",
-]
+__all__ = sorted([*_WHERE, "__version__"])
 
 
 def __getattr__(name: str) -> Any:
