@@ -20,10 +20,11 @@ in a worker process (`truth.run_local`, no Ray) under `Budget(max_forks=budget)`
 auto also runs once a seed with no cap at all (`Budget()`: the scheduler's own default of
 10 forks a step), to see what a user gets by default and whether it stopped on its own.
 
-A fork of the 65-step tape (jobs/long_tape) costs ~0.5 s against ~0.02 s on the others, so a
-tape over 32 steps runs F = 1 and 2 only, with 3 seeds (`--long-seeds`); `--quick` skips it
-unless `--scenarios` names it. The default grid takes about 20 minutes on two cores, `--quick`
-about 3.
+A fork of the 65-step tape (jobs/long_tape) costs 40-70 ms against 25-35 ms on the others
+(its agent posts chat completions without the SDK, whose request transform made it ~0.5 s), so
+it runs the whole grid and every seed; `--quick` skips tapes over 32 steps unless
+`--scenarios` names them (`--long-seeds N` caps their seeds). The default grid takes about 20
+minutes on two cores, `--quick` about 3.
 
 Definitions (also in the printed tables):
 
@@ -90,13 +91,9 @@ QUICK_FORKS_PER_STEP = (1, 4, 8)
 SEEDS = 20
 QUICK_SEEDS = 5
 MAX_BUDGET = 256  # no budget above this many forks
-# A fork of the 65-step tape costs 0.3-0.5 s (~0.02 s on the others): one seed of the four
-# schemes at 1 and 2 forks a step is 3-7 minutes of forks there. Tapes longer than LONG_STEPS
-# run the grid up to LONG_FORKS_PER_STEP and at most LONG_SEEDS seeds (--quick: none, unless
-# `scenarios` names them: then one).
+# Tapes longer than LONG_STEPS run at most `long_seeds` seeds (default: all; --quick: none,
+# unless `scenarios` names them: then one).
 LONG_STEPS = 32
-LONG_FORKS_PER_STEP = 2
-LONG_SEEDS = 3
 ACCURATE = 0.95  # top-1 accuracy that counts as "reaches the right answer"
 DEFAULT_OUT = Path("benchmarks/results")
 
@@ -358,8 +355,8 @@ class Scenario:
 def plan_scenario(
     job_file: Path, grid: Sequence[int], seeds: int, long_seeds: int, max_budget: int | None
 ) -> Scenario:
-    """The scenario's budgets (F x steps, at most max_budget; up to LONG_FORKS_PER_STEP for
-    a long tape) and seeds (at most long_seeds for a long tape)."""
+    """The scenario's budgets (F x steps, at most max_budget) and seeds (at most long_seeds
+    for a tape over LONG_STEPS steps)."""
     from ._scenario import ensure_tape
 
     job = load_job(job_file)
@@ -368,8 +365,6 @@ def plan_scenario(
     long = steps > LONG_STEPS
     points: list[tuple[int, int]] = []
     for f in sorted(grid):
-        if long and f > LONG_FORKS_PER_STEP and points:
-            break
         budget = f * steps if max_budget is None else min(f * steps, max_budget)
         if not points or budget > points[-1][1]:
             points.append((f, budget))
@@ -696,8 +691,8 @@ def main(
     whose folder has one of these names; seeds: R, the attribution seeds 0..R-1 (20, quick
     5); forks_per_step: the grid F (1 2 4 8, quick 1 4 8), a budget being F x the tape's
     steps, at most `max_budget` forks (None: no cap); long_seeds: the most seeds a tape over
-    32 steps runs, on F up to 2 (default 3; quick 0, i.e. skipped, or 1 when `scenarios`
-    names it); processes: worker processes (1: all in this one)."""
+    32 steps runs (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names it);
+    processes: worker processes (1: all in this one)."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
@@ -713,10 +708,8 @@ def main(
             return 1
     r = seeds if seeds is not None else (QUICK_SEEDS if quick else SEEDS)
     grid = sorted(set(forks_per_step or (QUICK_FORKS_PER_STEP if quick else FORKS_PER_STEP)))
-    if long_seeds is not None:
-        long_r = long_seeds
-    else:
-        long_r = (1 if scenarios else 0) if quick else LONG_SEEDS
+    quick_long = 1 if scenarios else 0  # --quick skips long tapes unless they are named
+    long_r = long_seeds if long_seeds is not None else quick_long if quick else r
     plan: list[Scenario] = []
     for path in paths:
         scenario = plan_scenario(path, grid, r, long_r, max_budget)
@@ -734,7 +727,7 @@ def main(
     console.print(
         f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es): "
         f"{r} seeds, forks a step {grid}, budgets at most {max_budget or 'any'} forks; tapes "
-        f"over {LONG_STEPS} steps: {long_r} seeds, forks a step up to {LONG_FORKS_PER_STEP}"
+        f"over {LONG_STEPS} steps: {long_r} seeds"
     )
     results: list[Result] = []
     done_by: dict[str, int] = defaultdict(int)
