@@ -203,3 +203,16 @@ def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     assert stage.rows == [spec.task_id for spec in specs] and stage.unrun_ids == []
     assert len(s.rows_by_arm[("screen", "resample@4")]) == 3
     assert s.governor.spent.forks == 3 and s.governor.reserved.forks == 0
+
+
+def test_steps_with_equal_blame_are_ranked_by_how_often_re_drawing_them_alone_clears_it() -> None:
+    from car_ray.schedule._plan import _rank
+
+    def row(step: int, phi: float, necessity: float) -> dict[str, Any]:
+        return {"intervention": "resample", "step": step, "phi": phi, "flip_rate": necessity}
+
+    # Two steps the seeds could not tell apart by phi (0.03 each): the one whose re-draw
+    # alone cleared the failure more often comes first, not the earlier step.
+    rows = [row(2, 0.03, 0.03), row(4, 0.03, 0.06), row(6, 0.01, 0.5)]
+    _rank(rows, "phi")
+    assert [(r["step"], r["rank"]) for r in rows] == [(2, 2), (4, 1), (6, 3)]

@@ -819,10 +819,11 @@ def _interval(name: str, e: Interval) -> dict[str, Any]:
 
 def _rank(records: list[dict[str, Any]], key: str) -> None:
     """Rank measured records by `key` within each intervention kind (1 = first); records
-    without a value get no rank."""
+    without a value get no rank. Equal values go by flip-rate (a re-drawn step's: its
+    necessity, how often re-drawing it alone clears the failure), then by step."""
     for kind in {r["intervention"] for r in records}:
         measured = [r for r in records if r["intervention"] == kind and r[key] is not None]
-        measured.sort(key=lambda r: (-r[key], r["step"]))
+        measured.sort(key=lambda r: (-r[key], -(r.get("flip_rate") or 0.0), r["step"]))
         for i, r in enumerate(measured, start=1):
             r["rank"] = i
 
