@@ -20,7 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 import pyarrow.dataset as pads
 import structlog
@@ -56,7 +55,14 @@ from .results import (
     summarize,
     write_rows,
 )
-from .results._output import OutputError, is_uri, list_location, read_location, staged_copy
+from .results._output import (
+    OutputError,
+    is_uri,
+    list_location,
+    location_name,
+    read_location,
+    staged_copy,
+)
 from .schedule import Budget, Cost, Scheduler, effective_budget
 from .schedule._loop import JobSource, RunLoop, SharedBudget, Window
 from .tape import LlmEvent, Tape, ToolEvent, load_tape
@@ -181,13 +187,6 @@ def _remote_runs(source: str) -> list[str]:
     return failing
 
 
-def _name_of(given: str) -> str:
-    """A tape's file name, from its path or URI."""
-    if is_uri(given):
-        return urlsplit(given).path.rstrip("/").rpartition("/")[2]
-    return Path(given).name
-
-
 def check_jobs(jobs: Sequence[Job]) -> None:
     """A batch's job files: at least one, and one per agent (a tape goes to the job file of
     the agent that recorded it)."""
@@ -211,7 +210,7 @@ def _load(jobs: Sequence[Job], given: str) -> Trace:
         tape = load_tape(staged_copy(given) if is_uri(given) else Path(given))
         tape.require_sealed()
     except (OSError, ValueError, OutputError) as exc:
-        stem = _name_of(given).removesuffix(".tape")
+        stem = location_name(given).removesuffix(".tape")
         return Trace(given, stem, jobs[0], status="corrupt", reason=_line(exc))
     job = next((j for j in jobs if j.spec.agent == tape.header.agent), jobs[0])
     trace = Trace(given, tape.tape_id[:16], job, tape=tape)
@@ -466,7 +465,7 @@ def run_batch(
     out = out or jobs[0].spec.out
     traces = [_load(jobs, t) for t in tapes]
     for trace in traces:
-        entry = (manifest or {}).get(_name_of(trace.given), {})
+        entry = (manifest or {}).get(location_name(trace.given), {})
         trace.priority = entry.get("priority")
         trace.planted = entry.get("planted")
         trace.planted_step = entry.get("step")

@@ -202,12 +202,7 @@ class JobDir:
                 return Path(path).read_bytes()
             except FileNotFoundError:
                 return None
-        try:
-            with reaching(path), self.fs.open_input_stream(path) as stream:
-                data: bytes = stream.read()
-                return data
-        except FileNotFoundError:
-            return None
+        return _read(self.fs, path, path)
 
     def remove(self, *names: str) -> None:
         self.fs.delete_file(self.join(*names))
@@ -301,12 +296,25 @@ def open_location(location: str | Path) -> tuple[pafs.FileSystem, str]:
 def read_location(location: str) -> bytes | None:
     """The bytes of the file at a path or URI; None when there is no such file."""
     fs, path = open_location(location)
+    return _read(fs, path, shown(location))
+
+
+def _read(fs: pafs.FileSystem, path: str, named: str) -> bytes | None:
+    """A whole file of `fs`, None when it does not exist; a store that does not answer is an
+    `OutputError` naming `named`."""
     try:
-        with reaching(shown(location)), fs.open_input_stream(path) as stream:
+        with reaching(named), fs.open_input_stream(path) as stream:
             data: bytes = stream.read()
             return data
     except FileNotFoundError:
         return None
+
+
+def location_name(location: str) -> str:
+    """The file name at the end of a path or URI (a URI's query left out)."""
+    if is_uri(location):
+        return urlsplit(location).path.rstrip("/").rpartition("/")[2]
+    return Path(location).name
 
 
 def list_location(folder: str) -> list[str] | None:
@@ -328,9 +336,8 @@ def staged_copy(uri: str) -> Path:
     data = read_location(uri)
     if data is None:
         raise FileNotFoundError(f"{shown(uri)}: no such file")
-    name = urlsplit(uri).path.rstrip("/").rpartition("/")[2]
     digest = hashlib.sha256(uri.encode()).hexdigest()[:16]
-    local = Path(staging_root()) / "inputs" / digest / name
+    local = Path(staging_root()) / "inputs" / digest / location_name(uri)
     local.parent.mkdir(parents=True, exist_ok=True)
     write_whole(local, data, sync=False)
     return local
