@@ -13,12 +13,14 @@ P_BAD = {2: 0.3, 5: 0.3, 7: 0.9}  # a fresh draw at the step keeps its harmful a
 
 
 def _flips(coalition: frozenset[int], u: dict[int, float]) -> float:
-    """An AND of steps 2 and 5 plus an inert-ish step 7 that only matters with 2: the failure
-    needs 2 and 5 harmful, and 7 harmful whenever 2 was re-drawn."""
+    """An AND of steps 2 and 5 plus a step 7 that only matters after 2 left the tape: the
+    failure needs 5 harmful and either 2 harmful or 7 harmful (7 restores what 2 dropped). As
+    in a run, a step re-drawn to its recorded action changes nothing: 7 re-drawn while 2 kept
+    its action leaves the tape and the failure stands."""
     bad2 = 2 not in coalition or u[2] < P_BAD[2]
     bad5 = 5 not in coalition or u[5] < P_BAD[5]
-    bad7 = 7 not in coalition or u[7] < P_BAD[7] or 2 not in coalition
-    return 0.0 if (bad2 and bad5 and bad7) else 1.0
+    bad7 = 7 not in coalition or u[7] < P_BAD[7]
+    return 0.0 if (bad5 and (bad2 or bad7)) else 1.0
 
 
 def _exact() -> dict[int, float]:
@@ -46,7 +48,7 @@ def _estimate(seeds: int, rng: random.Random, alpha: float = 0.05) -> SeedShaple
 def test_seed_shapley_is_unbiased_and_its_intervals_cover() -> None:
     exact = _exact()
     # The grid (u at 0.025, 0.075, ...) splits 0.3 and 0.9 exactly: these are exact values.
-    assert abs(sum(exact.values()) - (1 - 0.3 * 0.3 * 0.9)) < 1e-12
+    assert abs(sum(exact.values()) - (1 - 0.3 * (1 - 0.7 * 0.1))) < 1e-12
     rng = random.Random(7)
     big = _estimate(6000, rng).estimates()
     for k, (phi, _, _) in big.items():
@@ -172,6 +174,27 @@ def test_coalitions_that_stay_on_the_tape_are_known_without_a_fork() -> None:
     assert lazy.values == full.values
     assert forks < 3 * 200
     assert lazy.forks_per_seed() == forks / 200
+
+
+def test_a_coalition_runs_as_itself_without_its_leading_clean_steps() -> None:
+    """The seed's largest coalition {2, 5} left the tape at 5, so 2 drew its recorded action:
+    {5} runs the same fork as {2, 5} (2 meets its recorded request and keeps its action) and
+    {2} the recorded run. One fork completes the seed whichever chain it walks. A seed that
+    left the tape at 2 shows nothing about 5: its {5} needs a fork. A clean step after one
+    that may leave the tape is kept (its request may have changed)."""
+    shap = SeedShapley([2, 5], 0.05, salt="lead")
+    assert {frozenset({5})} < set(shap.coalitions(1))  # the odd seed's chain starts with 5
+    assert {frozenset({2})} < set(shap.coalitions(0))
+    for seed in (0, 1):
+        shap.observe(seed, frozenset({2, 5}), True, 5)
+        assert all(shap.known(seed, c) for c in shap.coalitions(seed)), seed
+    assert shap.values[1][frozenset({5})] == 1.0 and shap.values[0][frozenset({2})] == 0.0
+    shap.observe(3, frozenset({2, 5}), True, 2)
+    assert not shap.known(3, frozenset({5}))
+    three = SeedShapley([2, 5, 7], 0.05)
+    three.clean[0] = {2, 7}
+    assert three._acting(0, frozenset({2, 5, 7})) == frozenset({5, 7})
+    assert three._acting(0, frozenset({2, 7})) == frozenset()
 
 
 def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:

@@ -14,8 +14,11 @@ with the recorded draw's randomness). Two facts make it cheap:
   however many seeds the job stops at (`SeedShapley`).
 - Within a seed, a step's fresh draw at its recorded request is one fixed action. A fork of
   the seed that re-draws step k and stays on the tape up to k shows that draw is the recorded
-  one; a coalition of such steps alone then stays on the tape and does not flip, with no fork
-  run (`SeedShapley.known`). A seed's largest coalition goes first: it shows the most.
+  one (k is clean in the seed). A coalition whose first steps are clean runs as the coalition
+  without them (they meet their recorded requests and draw their recorded actions): a
+  coalition of clean steps alone stays on the tape and does not flip, and {2, 4} with 2 clean
+  runs as {4}; either is known with no fork run (`SeedShapley.known`). A seed's largest
+  coalition goes first: it shows the most.
 """
 
 from __future__ import annotations
@@ -182,10 +185,28 @@ class SeedShapley:
             return
         clean = self.clean.setdefault(seed, set())
         clean.update(k for k in coalition if first_deviation is None or k < first_deviation)
+        values = self.values[seed]
+        # Coalitions alike once their leading clean steps are dropped run alike (`_acting`).
+        by_acting = {self._acting(seed, c): v for c, v in values.items()}
+        by_acting[frozenset()] = 0.0  # nothing acts: the recorded run, which never flips
         for other in self.coalitions(seed):
-            if other not in self.values[seed] and other <= clean:
-                self.values[seed][other] = 0.0
+            acting = self._acting(seed, other)
+            if other not in values and acting in by_acting:
+                values[other] = by_acting[acting]
                 self._inferred.setdefault(seed, set()).add(other)
+
+    def _acting(self, seed: int, coalition: frozenset[int]) -> frozenset[int]:
+        """The steps of a coalition that can change the seed's run: from its first step not
+        known to draw its recorded action on. A clean step before it meets its recorded
+        request (every step before it is held or drew its recorded action too), draws its
+        recorded action and leaves the run on the tape, exactly as if it were held: the
+        coalition without it runs the same fork."""
+        clean = self.clean.get(seed, set())
+        unclean = [k for k in coalition if k not in clean]
+        if not unclean:
+            return frozenset()
+        first = min(unclean)
+        return frozenset(k for k in coalition if k >= first)
 
     def known(self, seed: int, coalition: frozenset[int]) -> bool:
         return coalition in self.values.get(seed, {})
