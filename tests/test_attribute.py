@@ -97,7 +97,7 @@ def test_a_restarted_job_keeps_the_shapley_candidates_in_its_job_json(
     assert info is not None and info["shapley_candidates"] == sorted(measured)
 
 
-@pytest.mark.parametrize(("cap", "value"), [("max_forks", 60), ("max_usd", 0.002)])
+@pytest.mark.parametrize(("cap", "value"), [("max_forks", 30), ("max_usd", 0.002)])
 def test_caps_hold(tmp_path: Path, support_tape: Tape, cap: str, value: float) -> None:
     job = _job(tmp_path, support_tape)
     folder, outcome = attribute(

@@ -6,6 +6,7 @@ import random
 
 import numpy as np
 
+from car_ray.replay import ForkSpec, Resample
 from car_ray.schedule._estimators import exact_shapley
 from car_ray.schedule._mechanism import DeviationScreen, SeedShapley, mean_interval
 
@@ -80,6 +81,22 @@ def test_the_screen_finds_the_choice_makers_in_few_forks() -> None:
     assert screen.candidates == [3, 30]
     assert screen.forks <= 30
     assert screen.deviation_bound(10, 0.05) < 0.15
+
+
+def test_probes_are_screen_draws_counted_once_a_seed() -> None:
+    """A Shapley fork that probed steps 0, 1, 3 and 6 and left the tape at 4 (a candidate it
+    re-drew) shows 0, 1 and 3 drew their recorded actions, and nothing of 6. The same fork
+    seed probing them again draws the same: no new observation. A probe that is the first
+    deviation is a step found; a deviation at a step it did not probe is not a stray."""
+    screen = DeviationScreen([0, 1, 2, 3, 4, 6], clean_needed=8)
+    screen.hits[4] = 1
+    screen.probed(5, [0, 1, 3, 6], 4)
+    assert screen.clean == {0: 1, 1: 1, 3: 1}
+    screen.probed(5, [0, 1, 3, 6], None)
+    assert screen.clean == {0: 1, 1: 1, 3: 1, 6: 1}
+    screen.probed(7, [0, 1, 3, 6], 3)
+    assert screen.clean == {0: 2, 1: 2, 3: 1, 6: 1} and screen.candidates == [3, 4]
+    assert screen.strays == 0 and screen.forks == 0 and screen.probe_forks == 3
 
 
 def test_clean_for_is_the_fewest_draws_under_a_bound() -> None:
@@ -234,7 +251,8 @@ def test_a_provider_that_ignores_seeds_teaches_nothing_about_other_coalitions() 
 
     row = {"outcome": 1.0, "flipped": False, "first_deviation": None}
     learned, unlearned = SeedShapley([2, 4], 0.05, salt="q"), SeedShapley([2, 4], 0.05, salt="q")
-    _observe(learned, 0, frozenset({2, 4}), row, learn=True)
-    _observe(unlearned, 0, frozenset({2, 4}), row, learn=False)
+    spec = ForkSpec(tape_id="t", interventions={2: Resample(), 4: Resample()}, tail="held")
+    _observe(learned, 0, spec, row, learn=True)
+    _observe(unlearned, 0, spec, row, learn=False)
     assert learned.complete_seeds() == [0]
     assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1

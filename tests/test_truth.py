@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from car_ray.cli import app
 from car_ray.job import Job, load_job
-from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, ForkSpec, Resample
+from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, ForkSpec, Probe, Resample
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 from car_ray.truth import BranchingTooLarge, Solver, solve
@@ -123,6 +123,60 @@ def test_held_tail_serves_the_recorded_answer_while_the_request_is_unchanged(
     assert (calls0, dev0, fresh0) == (0, None, 0)
     # Step 6 is a point mass: its fresh draw lands on the recorded action, byte for byte.
     assert (calls6, dev6, fresh6) == (1, None, 1)
+
+
+def test_a_probe_redraws_a_step_at_its_recorded_request_and_is_held_elsewhere(
+    support_job: Job, support_tape: Tape
+) -> None:
+    """A probe re-draws the step while its request is the recorded one, and keeps its
+    mechanism otherwise. Step 4 (the decision) probed after a re-drawn step 2 that kept its
+    action is a fresh draw: the fork is the one re-drawing both. After a step 2 that left the
+    tape, step 4's request changed: the fork is the one re-drawing 2 alone."""
+
+    def plan(*pairs: tuple[int, Resample | Probe]) -> dict[int, Resample | Probe]:
+        return dict(pairs)
+
+    async def go() -> list[tuple[tuple[object, ...], ...]]:
+        with SimServer(support_job.load("policy")) as sim:
+            runner = ForkRunner(
+                support_job.load("agent"),
+                support_job.load("scorer"),
+                base_urls=BaseUrls.for_server(sim.url),
+                upstream=AiohttpUpstream(),
+            )
+            runner.add_tape(support_tape)
+            try:
+                out = []
+                for seed in range(40):
+                    rows = []
+                    for p in (
+                        plan((2, Resample()), (4, Probe())),
+                        plan((2, Resample()), (4, Resample())),
+                        plan((2, Resample())),
+                    ):
+                        spec = ForkSpec(
+                            tape_id=support_tape.tape_id, interventions=p, tail="held", seed=seed
+                        )
+                        row = await runner.run(spec)
+                        rows.append((row.outcome, row.first_deviation, row.interventions))
+                    out.append(tuple(rows))
+                return out
+            finally:
+                await runner.aclose()
+
+    left = stayed = 0
+    runs = run(go())
+    for probed, both, alone in runs:
+        assert probed[2] == ["resample", "probe"]
+        if alone[1] == 2:  # step 2 left the tape: 4 is held
+            left += 1
+            assert probed[:2] == alone[:2]
+        else:  # step 2 kept its action: 4 is drawn fresh at its recorded request
+            stayed += 1
+            assert probed[:2] == both[:2]
+    assert left >= 1 and stayed >= 1
+    # And the probe at the decision did leave the tape in some seed: a fresh draw.
+    assert any(p[1] == 4 for p, _, _ in runs)
 
 
 def test_truth_cli_prints_the_table_and_json() -> None:

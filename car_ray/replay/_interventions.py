@@ -21,6 +21,17 @@ class Resample(_Intervention):
     kind: Literal["resample"] = "resample"
 
 
+class Probe(_Intervention):
+    """Re-draw the step while its request is the recorded one (re-run the tool while its
+    call is); at any other request it keeps its mechanism, as a held step does. Not a
+    user's intervention: the held-mechanism scheduler adds probes to a fork to learn whether
+    steps it has not seen leave the tape, without changing what the fork measures (a probe
+    that draws the recorded action answers as the tape does; one that does not is the
+    fork's first deviation, and the fork then measures nothing else)."""
+
+    kind: Literal["probe"] = "probe"
+
+
 class ForcedToolCall(_Intervention):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -163,7 +174,7 @@ class SwapPolicy(_Intervention):
 
 
 Intervention = Annotated[
-    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy,
+    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy | Probe,
     Field(discriminator="kind"),
 ]
 INTERVENTION_KINDS = ("resample", "action", "observation", "context", "policy")

@@ -41,6 +41,7 @@ from ._interventions import (
     EditContext,
     ForceAction,
     Intervention,
+    Probe,
     ReplaceObservation,
     Resample,
     SwapPolicy,
@@ -388,6 +389,17 @@ class Run:
             return response
         recorded = self._recorded(k)
         iv = self.plan.interventions.get(k)
+        if isinstance(iv, Probe):
+            # Re-drawn at its recorded request only; elsewhere it keeps its mechanism.
+            observed = body if body is not None else request.body.decode("utf-8", "replace")
+            on_tape = (
+                isinstance(recorded, LlmEvent)
+                and recorded.request.path == path
+                and digest_of(observed) == recorded.request.sha256
+            )
+            if on_tape:
+                return await self._live(k, request, body)
+            iv = None
         if k < self.plan.first:
             if not isinstance(recorded, LlmEvent):
                 what = "nothing more" if recorded is None else f"tool {recorded.name!r}"
@@ -704,6 +716,15 @@ class Run:
             return None
         recorded = self._recorded(k)
         iv = self.plan.interventions.get(k)
+        if isinstance(iv, Probe):
+            # Run again on its recorded call only; elsewhere it keeps its mechanism.
+            if (
+                isinstance(recorded, ToolEvent)
+                and recorded.name == name
+                and digest_of(recorded.arguments) == digest_of(arguments)
+            ):
+                return self._live_tool(k, name, arguments, effect)
+            iv = None
         if k < self.plan.first:
             if not isinstance(recorded, ToolEvent):
                 what = "nothing more" if recorded is None else "a model call"

@@ -62,6 +62,10 @@ class DeviationScreen:
     # Forks that left the tape first at a step they did not re-draw: nothing the screen
     # chose explains them (nondeterminism outside the seams); after a few it gives up.
     strays: int = 0
+    # Draws of other stages' forks that probed steps (`probed`), by (fork seed, step): a
+    # fork seed fixes a step's fresh draw, so a draw seen twice is one observation.
+    probes: set[tuple[int, int]] = field(default_factory=set)
+    probe_forks: int = 0
 
     def block(self) -> list[int]:
         return [
@@ -81,6 +85,22 @@ class DeviationScreen:
             self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
         elif first_deviation is not None and first_deviation < min(block, default=0):
             self.strays += 1
+
+    def probed(self, seed: int, steps: Sequence[int], first_deviation: int | None) -> None:
+        """Another stage's fork (fork seed `seed`) probed `steps` (`replay.Probe`): each probed
+        step before its first deviation drew its recorded action at its recorded request, as
+        a screen fork's re-drawn steps do, unless a fork of the same seed showed that draw
+        already; a probed step that is its first deviation is found. A first deviation at a
+        step it did not probe is that fork's own business (it re-drew that step)."""
+        self.probe_forks += 1
+        for k in sorted(steps):
+            if first_deviation is not None and k >= first_deviation:
+                break
+            if (seed, k) not in self.probes:
+                self.probes.add((seed, k))
+                self.clean[k] = self.clean.get(k, 0) + 1
+        if first_deviation is not None and first_deviation in steps:
+            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
 
     @property
     def candidates(self) -> list[int]:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import structlog
 
 from ..execute import Row
-from ..replay import ForkSpec, Intervention, Resample, SwapPolicy, Tail, is_bad
+from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy, Tail, is_bad
 from ._estimators import Race, ShapleyPlanner, shapley_planner
 from ._mechanism import DeviationScreen, SeedShapley
 
@@ -210,6 +210,8 @@ class HeldScreen(BaseStage):
             for spec, row in job._rows("screen", "held"):
                 if row["outcome"] is not None:
                     job.screen.observe(sorted(spec.interventions), row["first_deviation"])
+            for spec, row in job._rows("shapley", "held"):
+                _probed(job.screen, spec, row)
         super().start()
         self.pending = 0
 
@@ -279,9 +281,9 @@ class HeldShapley(BaseStage):
             seed = self._seed(spec)
             if seed < 0:  # a row of an older car-ray, whose Shapley seeds were the screen's
                 continue
-            coalition = frozenset(spec.interventions)
+            coalition = coalition_of(spec)
             if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
-                _observe(shap, seed, coalition, row, learn=job.honours_seed)
+                _observe(shap, seed, spec, row, learn=job.honours_seed)
         self.pending: set[tuple[int, frozenset[int]]] = set()
         self.screening: set[str] = set()
         self.per_seed = max(1, len(shap.coalitions(0)))
@@ -298,15 +300,17 @@ class HeldShapley(BaseStage):
             if row["outcome"] is not None:
                 self.screen.observe(sorted(spec.interventions), row["first_deviation"])
             return
-        seed, coalition = self._seed(spec), frozenset(spec.interventions)
+        seed, coalition = self._seed(spec), coalition_of(spec)
         self.pending.discard((seed, coalition))
-        _observe(self.shap, seed, coalition, row, learn=self.job.honours_seed)
+        # A probe that left the tape is a step the screen had not found: Shapley starts over.
+        _probed(self.screen, spec, row)
+        _observe(self.shap, seed, spec, row, learn=self.job.honours_seed)
 
     def unrun(self, spec: ForkSpec) -> None:
         if spec.task_id in self.screening:
             self.screening.discard(spec.task_id)
             return
-        seed, coalition = self._seed(spec), frozenset(spec.interventions)
+        seed, coalition = self._seed(spec), coalition_of(spec)
         self.pending.discard((seed, coalition))
         # Given up (its provider failed every try) or refused by the budget: the seed has no
         # outcome and is left out; its other forks are not asked again. (Marking it `cut`,
@@ -333,11 +337,26 @@ class HeldShapley(BaseStage):
                     continue
                 pending.add((seed, coalition))
                 plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-                key = ",".join(map(str, sorted(coalition)))
                 fork_seed = SHAPLEY_SEEDS + seed
+                if coalition == first:
+                    # The seed's first fork also probes the steps not found (their draws
+                    # are the seed's whichever coalition it runs): screen draws for free.
+                    plan.update((k, Probe()) for k in self._probe_steps(fork_seed))
+                key = ",".join(map(str, sorted(coalition)))
                 out.append(("shapley", self.job._spec("shapley", key, plan, "held", fork_seed)))
             seed += 1
         return out
+
+    def _probe_steps(self, fork_seed: int) -> list[int]:
+        """The steps a seed's first fork probes: those not found, until they have as many
+        clean draws as the screen ever asks for, and not drawn with this seed before (a
+        Shapley that starts over runs its seeds again)."""
+        screen, seed = self.screen, self.job.seed_base + fork_seed
+        return [
+            k
+            for k in self._unfound()
+            if screen.clean.get(k, 0) < SCREEN_MOST and (seed, k) not in screen.probes
+        ]
 
     def suggest(self, room: int) -> list[Fork] | None:
         shap, screen = self.shap, self.screen
@@ -439,8 +458,10 @@ def held_notes(job: Scheduler) -> list[str]:
             f"screen: {screen.strays} forks left the tape at a step they did not re-draw "
             "(nondeterminism outside the context's seams?)"
         )
+    probed = f" and probes in {screen.probe_forks} Shapley forks" if screen.probe_forks else ""
     notes.append(
-        f"screen: {screen.forks} forks; steps that make choices: {screen.candidates or 'none'}"
+        f"screen: {screen.forks} forks{probed}; steps that make choices: "
+        f"{screen.candidates or 'none'}"
     )
     shap = job.seed_shapley
     n = len(shap.complete_seeds()) if shap is not None else 0
@@ -456,15 +477,33 @@ def held_notes(job: Scheduler) -> list[str]:
     return notes
 
 
-def _observe(
-    shap: SeedShapley, seed: int, coalition: frozenset[int], row: Row, *, learn: bool
-) -> None:
+def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, learn: bool) -> None:
     """A Shapley fork's row. Which steps drew their recorded action is learned only where the
     provider honours seeds: elsewhere another fork of the seed draws afresh, and a coalition
-    known from this one would not be the draw its own fork makes."""
+    known from this one would not be the draw its own fork makes. A fork whose first
+    deviation is a probe measured nothing of its coalition (the screen found that step)."""
     scored = row["outcome"] is not None
+    if scored and row["first_deviation"] in probes_of(spec):
+        return
     first: int | Literal["unknown"] | None = row["first_deviation"] if learn else "unknown"
-    shap.observe(seed, coalition, row["flipped"] if scored else None, first)
+    shap.observe(seed, coalition_of(spec), row["flipped"] if scored else None, first)
+
+
+def _probed(screen: DeviationScreen, spec: ForkSpec, row: Row) -> None:
+    """A scored fork's probes, to the screen (`DeviationScreen.probed`)."""
+    probes = probes_of(spec)
+    if probes and row["outcome"] is not None:
+        screen.probed(spec.seed, probes, row["first_deviation"])
+
+
+def coalition_of(spec: ForkSpec) -> frozenset[int]:
+    """The steps a fork intervenes on, its probes aside (`replay.Probe`)."""
+    return frozenset(k for k, iv in spec.interventions.items() if not isinstance(iv, Probe))
+
+
+def probes_of(spec: ForkSpec) -> list[int]:
+    """The steps a fork probes."""
+    return sorted(k for k, iv in spec.interventions.items() if isinstance(iv, Probe))
 
 
 # -- method "uniform" -----------------------------------------------------------------------------
@@ -684,7 +723,7 @@ def _rate(rows: list[Row]) -> float:
 def arm_key_of(stage: str, spec: ForkSpec) -> str:
     """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
     if stage == "shapley":
-        return ",".join(map(str, sorted(spec.interventions)))
+        return ",".join(map(str, sorted(coalition_of(spec))))
     if stage == "controls":
         if not spec.interventions:
             return "held" if spec.tail == "held" else "pinned"
