@@ -49,7 +49,7 @@ RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
 # step it has not found could still outrank the top: until every such step's deviation
 # bound is below the top's phi_lo (at most SCREEN_MOST re-draws). When nothing makes a choice
 # the screen clears to SCREEN_CLEAN (a step leaving the tape 20% of the time is missed 1.2%).
-SCREEN_FIRST = 8
+SCREEN_FIRST = 4
 SCREEN_CLEAN = 20
 SCREEN_MOST = 60
 # Shapley seeds of the held game are fork seeds from here on (of the attribution's 2^32): the
@@ -338,10 +338,10 @@ class HeldShapley(BaseStage):
                 pending.add((seed, coalition))
                 plan: dict[int, Intervention] = {k: Resample() for k in coalition}
                 fork_seed = SHAPLEY_SEEDS + seed
-                if coalition == first:
-                    # The seed's first fork also probes the steps not found (their draws
-                    # are the seed's whichever coalition it runs): screen draws for free.
-                    plan.update((k, Probe()) for k in self._probe_steps(fork_seed))
+                # The fork also probes the steps not found that no fork of its seed has
+                # shown yet: screen draws for free (a smaller coalition stays on the tape
+                # longer, and reaches later steps at their recorded requests).
+                plan.update((k, Probe()) for k in self._probe_steps(fork_seed))
                 key = ",".join(map(str, sorted(coalition)))
                 out.append(("shapley", self.job._spec("shapley", key, plan, "held", fork_seed)))
             seed += 1
