@@ -23,7 +23,7 @@ import structlog
 from ..execute import Row
 from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy, Tail, is_bad
 from ._estimators import Race, ShapleyPlanner, shapley_planner
-from ._mechanism import DeviationScreen, SeedShapley
+from ._mechanism import MIN_SEEDS, DeviationScreen, SeedShapley
 
 if TYPE_CHECKING:
     from ._plan import Scheduler
@@ -352,15 +352,30 @@ class HeldShapley(BaseStage):
         return out
 
     def _probe_steps(self, fork_seed: int) -> list[int]:
-        """The steps a seed's first fork probes: those not found, until they have as many
-        clean draws as the screen ever asks for, and not drawn with this seed before (a
-        Shapley that starts over runs its seeds again)."""
+        """The steps a fork probes: those not found that are short of the clean draws a
+        verdict is likely to need (`_probes_wanted`), and not drawn with this fork seed before
+        (by another fork of the seed, or by a Shapley that started over)."""
         screen, seed = self.screen, self.job.seed_base + fork_seed
+        wanted = self._probes_wanted()
         return [
             k
             for k in self._unfound()
-            if screen.clean.get(k, 0) < SCREEN_MOST and (seed, k) not in screen.probes
+            if screen.clean.get(k, 0) < wanted and (seed, k) not in screen.probes
         ]
+
+    def _probes_wanted(self) -> int:
+        """Clean draws a step not found should have: what the screen asks for, and what
+        clears a bound of half the leader's phi (a separated top's phi_lo is rarely lower);
+        SCREEN_MOST before MIN_SEEDS seeds. Each probe of a model step is a live call: probing
+        to SCREEN_MOST cost the demo 13% more tokens than it saved."""
+        estimates = self.shap.estimates()
+        if len(self.shap.complete_seeds()) < MIN_SEEDS or not estimates:
+            return SCREEN_MOST
+        lead = max((phi.value or 0.0) for phi, _, _ in estimates.values())
+        if lead <= 0:
+            return self.screen.clean_needed
+        half = DeviationScreen.clean_for(lead / 2, self.job.alpha)
+        return min(SCREEN_MOST, max(self.screen.clean_needed, half))
 
     def suggest(self, room: int) -> list[Fork] | None:
         shap, screen = self.shap, self.screen
