@@ -102,7 +102,7 @@ def test_a_job_runs_on_the_cluster_it_is_pointed_at(
     tmp_path: Path, ray_head: tuple[str, int], demo_tape_path: Path
 ) -> None:
     address, port = ray_head
-    result = _attribute(tmp_path, demo_tape_path, "--address", address, "--max-forks", "60")
+    result = _attribute(tmp_path, demo_tape_path, "--address", address, "--max-forks", "30")
     assert result.returncode == 0, result.stderr[-3000:]
     (job_json,) = tmp_path.glob("out/*/job.json")
     info = json.loads(job_json.read_text())
@@ -111,8 +111,8 @@ def test_a_job_runs_on_the_cluster_it_is_pointed_at(
     assert info["ray"]["address"].rsplit(":", 1)[1] == str(port)
     assert info["ray"]["nodes"] == 1 and info["ray"]["cpus"] == 2.0
     assert info["status"] == "budget_exhausted"
-    assert info["ledger"]["spent"]["forks"] <= 60
-    assert "60 forks run" in result.stdout
+    assert info["ledger"]["spent"]["forks"] <= 30
+    assert "30 forks run" in result.stdout
 
 
 def test_an_address_nobody_answers_on_is_a_clear_error_at_once(
