@@ -24,9 +24,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import structlog
+
 from .job import Job
 from .results import JobDir, has_job, is_uri, job_location, shown, split_job_location
 from .tape import Tape
+
+log = structlog.get_logger("car_ray.cluster")
 
 # Where a submission's output is, in its metadata (Ray keeps metadata as str -> str).
 JOB_ID_KEY = "car_ray_job_id"
@@ -39,6 +43,10 @@ ADDRESS_ENV = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 STOP_ENV = {"RAY_JOB_STOP_SIGNAL": "SIGINT", "RAY_JOB_STOP_WAIT_TIME_S": "60"}
 STOP_WAIT_S = 90.0
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "STOPPED"})
+# What Ray's job server answers (HTTP 500) while a head that has just started has no job agent
+# up yet; a submission waits for one up to AGENT_WAIT_S.
+NO_AGENT_YET = "No available agent to submit job"
+AGENT_WAIT_S = 60.0
 # Not sent to the cluster: caches, version control, editor files.
 _NOT_SENT = shutil.ignore_patterns("__pycache__", "*.pyc", ".git", ".mypy_cache", ".*.swp")
 # Terminal control bytes other than tab and newline, in text the cluster sends back.
@@ -196,18 +204,28 @@ def submit(
     else:
         out_dir = str(Path(out_dir).absolute())
     with _staged(job, job.tape_paths, out_dir) as stage:
-        try:
-            submission_id: str = client.submit_job(
-                entrypoint=entrypoint(job, out_dir, extra or []),
-                runtime_env={"working_dir": str(stage), "env_vars": dict(STOP_ENV)},
-                metadata={
-                    JOB_ID_KEY: job_id,
-                    OUT_KEY: out_dir,
-                    JOB_FILE_KEY: str(job.path.absolute()),
-                },
-            )
-        except (RuntimeError, ValueError, OSError) as exc:
-            raise ClusterError(f"the job server at {client.get_address()} refused: {exc}") from None
+        waited_until = time.monotonic() + AGENT_WAIT_S
+        while True:
+            try:
+                submission_id: str = client.submit_job(
+                    entrypoint=entrypoint(job, out_dir, extra or []),
+                    runtime_env={"working_dir": str(stage), "env_vars": dict(STOP_ENV)},
+                    metadata={
+                        JOB_ID_KEY: job_id,
+                        OUT_KEY: out_dir,
+                        JOB_FILE_KEY: str(job.path.absolute()),
+                    },
+                )
+                break
+            except (RuntimeError, ValueError, OSError) as exc:
+                # A head that has just started answers 500 until its job agent is up.
+                if NO_AGENT_YET in str(exc) and time.monotonic() < waited_until:
+                    log.info("job_agent_not_ready", address=client.get_address())
+                    time.sleep(1.0)
+                    continue
+                raise ClusterError(
+                    f"the job server at {client.get_address()} refused: {exc}"
+                ) from None
     return Submission(submission_id, job_id, out_dir, client.get_address())
 
 

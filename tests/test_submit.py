@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.dataset as ds
+import pytest
 
 from .conftest import ROOT, stop_ray_head
 
@@ -326,3 +327,45 @@ def test_a_job_server_nobody_answers_on_is_a_clear_error_at_once(tmp_path: Path)
     nowhere = car_ray(tmp_path, "results", "raysubmit_abc")
     assert nowhere.returncode == 2
     assert "a submission id needs --address (or RAY_API_SERVER_ADDRESS" in nowhere.stderr
+
+
+def test_a_head_without_its_job_agent_yet_is_waited_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head that has just started answers 500 "No available agent to submit job" until its
+    job agent is up: the submission waits for it (seen in CI on a loaded machine). Any other
+    refusal is an error at once."""
+    from car_ray import cluster
+    from car_ray._scenario import ensure_tape
+    from car_ray.job import load_job
+
+    class Client:
+        def __init__(self, failures: list[str]) -> None:
+            self.failures = failures
+            self.calls = 0
+
+        def get_address(self) -> str:
+            return "http://127.0.0.1:8265"
+
+        def submit_job(self, **_: object) -> str:
+            self.calls += 1
+            if self.failures:
+                raise RuntimeError(self.failures.pop(0))
+            return "raysubmit_ok"
+
+    busy = (
+        "Request failed with status code 500: "
+        "No available agent to submit job, please try again later."
+    )
+    job = load_job(SUPPORT / "job.toml")
+    tape = ensure_tape(job)
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    waiting = Client([busy, busy])
+    monkeypatch.setattr(cluster, "connect", lambda address: waiting)
+    sent = cluster.submit(job, tape, address="127.0.0.1:8265", out=str(tmp_path / "out"))
+    assert sent.submission_id == "raysubmit_ok" and waiting.calls == 3
+    refusing = Client(["Request failed with status code 400: bad entrypoint"])
+    monkeypatch.setattr(cluster, "connect", lambda address: refusing)
+    with pytest.raises(cluster.ClusterError, match=r"refused: .*bad entrypoint"):
+        cluster.submit(job, tape, address="127.0.0.1:8265", out=str(tmp_path / "out"))
+    assert refusing.calls == 1
