@@ -366,8 +366,9 @@ class HeldShapley(BaseStage):
     def _probes_wanted(self) -> int:
         """Clean draws a step not found should have: what the screen asks for, and what
         clears a bound of half the leader's phi (a separated top's phi_lo is rarely lower);
-        SCREEN_MOST before MIN_SEEDS seeds. Each probe of a model step is a live call: probing
-        to SCREEN_MOST cost the demo 13% more tokens than it saved."""
+        SCREEN_MOST before MIN_SEEDS seeds. Each probe of a model step is a live call (the
+        demo spends 29,705 tokens in 59 forks with probes, 26,372 in 71 without): this bounds
+        a long tape with a weak top, whose every step would be probed by up to 60 seeds."""
         estimates = self.shap.estimates()
         if len(self.shap.complete_seeds()) < MIN_SEEDS or not estimates:
             return SCREEN_MOST
