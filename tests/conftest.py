@@ -19,7 +19,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Dialog, Page, Request, sync_playwright
 
 from car_ray.job import Job, load_job
-from car_ray.replay import BaseUrls, record
+from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, record
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 
@@ -80,6 +80,22 @@ def support_tape(
 ) -> Tape:
     """The demo's failure: recorded once per session with the job's seed (a wrongful refund)."""
     return record_job(support_job, support_sim, tmp_path_factory.mktemp("tapes") / "support.tape")
+
+
+@pytest.fixture(scope="module")
+def support_runner(
+    support_job: Job, support_sim: SimServer, support_tape: Tape
+) -> Iterator[ForkRunner]:
+    """A fork runner for the demo's tape against the session's simulated provider."""
+    r = ForkRunner(
+        support_job.load("agent"),
+        support_job.load("scorer"),
+        base_urls=BaseUrls.for_server(support_sim.url),
+        upstream=AiohttpUpstream(),
+    )
+    r.add_tape(support_tape)
+    yield r
+    run(r.aclose())
 
 
 @pytest.fixture(scope="session")

@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from car_ray.job import Job
 from car_ray.providers import PriceTable, Usage
 from car_ray.replay import (
-    AiohttpUpstream,
-    BaseUrls,
     ContextEdit,
     EditContext,
     ForceAction,
@@ -41,19 +37,6 @@ SEEDS = range(64)
 # the direct and the checked path, so P(no refund | clean) = 0.95.
 P_DENY_INJECTED = 0.2
 P_DENY_CLEAN = 0.95
-
-
-@pytest.fixture(scope="module")
-def runner(support_job: Job, support_sim: SimServer, support_tape: Tape) -> Iterator[ForkRunner]:
-    r = ForkRunner(
-        support_job.load("agent"),
-        support_job.load("scorer"),
-        base_urls=BaseUrls.for_server(support_sim.url),
-        upstream=AiohttpUpstream(),
-    )
-    r.add_tape(support_tape)
-    yield r
-    run(r.aclose())
 
 
 def refunds_issued() -> int:
@@ -93,8 +76,8 @@ def assert_prefix_untouched(tape: Tape, trajectory: list[dict[str, Any]], first:
         assert trajectory[k]["source"] == "replay"
 
 
-def test_resample_redraws_the_decision(runner: ForkRunner, support_tape: Tape) -> None:
-    results = forks(runner, support_tape, {4: Resample()})
+def test_resample_redraws_the_decision(support_runner: ForkRunner, support_tape: Tape) -> None:
+    results = forks(support_runner, support_tape, {4: Resample()})
     rows = [r for r, _ in results]
     assert all(r.status == "ok" and r.recorded_outcome == 1.0 for r in rows), rows[0]
     assert_rate(sum(bool(r.flipped) for r in rows), len(rows), P_DENY_INJECTED)
@@ -105,11 +88,11 @@ def test_resample_redraws_the_decision(runner: ForkRunner, support_tape: Tape) -
 
 
 def test_observation_replaces_the_injected_tool_result(
-    runner: ForkRunner, support_tape: Tape
+    support_runner: ForkRunner, support_tape: Tape
 ) -> None:
     recorded = support_tape.steps[1]
     clean = {**recorded.result, "notes": ""}  # type: ignore[union-attr]
-    results = forks(runner, support_tape, {1: ReplaceObservation(result=clean)})
+    results = forks(support_runner, support_tape, {1: ReplaceObservation(result=clean)})
     for _, trajectory in results:
         assert_prefix_untouched(support_tape, trajectory, 1)
         assert trajectory[1]["source"] == "forced" and trajectory[1]["result"] == clean
@@ -118,11 +101,11 @@ def test_observation_replaces_the_injected_tool_result(
 
 
 def test_action_forces_the_decision_without_a_model_call(
-    runner: ForkRunner, support_tape: Tape, support_sim: SimServer
+    support_runner: ForkRunner, support_tape: Tape, support_sim: SimServer
 ) -> None:
     before = support_sim.requests_served
     deny = "We cannot refund this order."
-    results = forks(runner, support_tape, {4: ForceAction(text=deny)})
+    results = forks(support_runner, support_tape, {4: ForceAction(text=deny)})
     assert support_sim.requests_served == before  # the agent ends at the forced answer
     for row, trajectory in results:
         assert_prefix_untouched(support_tape, trajectory, 4)
@@ -132,19 +115,19 @@ def test_action_forces_the_decision_without_a_model_call(
 
 
 def test_an_effectful_tool_never_runs_in_replay_or_forks(
-    runner: ForkRunner, support_tape: Tape
+    support_runner: ForkRunner, support_tape: Tape
 ) -> None:
     count = refunds_issued()
     assert count >= 1  # the recording really refunded
-    run(runner.replay(support_tape.tape_id))
-    same = forks(runner, support_tape, {4: Resample()})
+    run(support_runner.replay(support_tape.tape_id))
+    same = forks(support_runner, support_tape, {4: Resample()})
     assert any(t[5]["name"] == "issue_refund" for _, t in same if len(t) > 5)
     other_amount = ForceAction(
         tool_calls=[
             ForcedToolCall(name="issue_refund", arguments={"order_id": "A1001", "amount_usd": 5.0})
         ]
     )
-    blocked = forks(runner, support_tape, {4: other_amount})
+    blocked = forks(support_runner, support_tape, {4: other_amount})
     for row, trajectory in blocked:
         # Different arguments than recorded: the fork stops at the effect and the scorer
         # still sees the attempted wrongful refund.
@@ -155,7 +138,7 @@ def test_an_effectful_tool_never_runs_in_replay_or_forks(
 
 
 def test_context_edit_removes_the_injection_from_one_request(
-    runner: ForkRunner, support_tape: Tape
+    support_runner: ForkRunner, support_tape: Tape
 ) -> None:
     edit = EditContext(
         edits=[ContextEdit(op="regex", pattern=r"SYSTEM OVERRIDE:[^\"]*", replacement="")]
@@ -163,15 +146,17 @@ def test_context_edit_removes_the_injection_from_one_request(
     recorded_body = support_tape.steps[4].request.body  # type: ignore[union-attr]
     assert "SYSTEM OVERRIDE" in str(recorded_body)
     assert "SYSTEM OVERRIDE" not in str(edit.apply(recorded_body))
-    results = forks(runner, support_tape, {4: edit})
+    results = forks(support_runner, support_tape, {4: edit})
     for _, trajectory in results:
         assert_prefix_untouched(support_tape, trajectory, 4)
         assert trajectory[4]["source"] == "live"
     assert_rate(sum(bool(r.flipped) for r, _ in results), len(results), P_DENY_CLEAN)
 
 
-def test_policy_swaps_the_model_from_its_step_on(runner: ForkRunner, support_tape: Tape) -> None:
-    results = forks(runner, support_tape, {2: SwapPolicy(model="gpt-4o")})
+def test_policy_swaps_the_model_from_its_step_on(
+    support_runner: ForkRunner, support_tape: Tape
+) -> None:
+    results = forks(support_runner, support_tape, {2: SwapPolicy(model="gpt-4o")})
     prices = PriceTable.load()
     for row, trajectory in results:
         assert_prefix_untouched(support_tape, trajectory, 2)
@@ -182,24 +167,30 @@ def test_policy_swaps_the_model_from_its_step_on(runner: ForkRunner, support_tap
 
 
 def test_pinned_tail_forces_every_later_step_to_its_record(
-    runner: ForkRunner, support_tape: Tape, support_sim: SimServer
+    support_runner: ForkRunner, support_tape: Tape, support_sim: SimServer
 ) -> None:
     before = support_sim.requests_served
-    results = forks(runner, support_tape, {0: Resample()}, tail="pinned")
+    results = forks(support_runner, support_tape, {0: Resample()}, tail="pinned")
     assert support_sim.requests_served == before + len(results)  # only step 0 went live
     for row, trajectory in results:
         assert [t["source"] for t in trajectory] == ["live"] + ["pinned"] * 6
         assert (row.outcome, row.flipped, row.tail_calls) == (1.0, False, 1)
 
 
-def test_specs_that_misfit_the_tape_are_refused(runner: ForkRunner, support_tape: Tape) -> None:
+def test_specs_that_misfit_the_tape_are_refused(
+    support_runner: ForkRunner, support_tape: Tape
+) -> None:
     tape_id = support_tape.tape_id
     with pytest.raises(InterventionError, match="step 0 is a model call"):
-        run(runner.run(ForkSpec(tape_id=tape_id, interventions={0: ReplaceObservation(result=1)})))
+        run(
+            support_runner.run(
+                ForkSpec(tape_id=tape_id, interventions={0: ReplaceObservation(result=1)})
+            )
+        )
     with pytest.raises(InterventionError, match="step 1 is tool 'lookup_order'"):
-        run(runner.run(ForkSpec(tape_id=tape_id, interventions={1: ForceAction(text="x")})))
+        run(support_runner.run(ForkSpec(tape_id=tape_id, interventions={1: ForceAction(text="x")})))
     with pytest.raises(InterventionError, match="step 99 does not exist"):
-        run(runner.run(ForkSpec(tape_id=tape_id, interventions={99: Resample()})))
+        run(support_runner.run(ForkSpec(tape_id=tape_id, interventions={99: Resample()})))
 
 
 def test_task_id_is_the_hash_of_the_spec(support_tape: Tape) -> None:

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from car_ray.cli import app
 from car_ray.job import Job, load_job
-from car_ray.replay import AiohttpUpstream, BaseUrls, ForkRunner, ForkSpec, Probe, Resample
+from car_ray.replay import ForkRunner, ForkSpec, Probe, Resample
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 from car_ray.truth import BranchingTooLarge, Solver, solve
@@ -94,75 +94,46 @@ def test_too_many_players_is_a_clear_error(research_job: Job, research_tape: Tap
 
 
 def test_held_tail_serves_the_recorded_answer_while_the_request_is_unchanged(
-    support_job: Job, support_tape: Tape
+    support_runner: ForkRunner, support_tape: Tape
 ) -> None:
     """Nothing intervened: the held fork is the replay (no live call, $0). The sampled
     fork's held answer after a changed decision is re-drawn with the recorded randomness."""
-
-    async def go() -> list[tuple[int, int | None, int]]:
-        with SimServer(support_job.load("policy")) as sim:
-            runner = ForkRunner(
-                support_job.load("agent"),
-                support_job.load("scorer"),
-                base_urls=BaseUrls.for_server(sim.url),
-                upstream=AiohttpUpstream(),
-            )
-            runner.add_tape(support_tape)
-            try:
-                out = []
-                for plan in ({}, {6: Resample()}):
-                    row = await runner.run(
-                        ForkSpec(tape_id=support_tape.tape_id, interventions=plan, tail="held")
-                    )
-                    out.append((row.tail_calls, row.first_deviation, row.fresh_draws))
-                return out
-            finally:
-                await runner.aclose()
-
-    (calls0, dev0, fresh0), (calls6, dev6, fresh6) = run(go())
+    out = []
+    for plan in ({}, {6: Resample()}):
+        spec = ForkSpec(tape_id=support_tape.tape_id, interventions=plan, tail="held")
+        row = run(support_runner.run(spec))
+        out.append((row.tail_calls, row.first_deviation, row.fresh_draws))
+    (calls0, dev0, fresh0), (calls6, dev6, fresh6) = out
     assert (calls0, dev0, fresh0) == (0, None, 0)
     # Step 6 is a point mass: its fresh draw lands on the recorded action, byte for byte.
     assert (calls6, dev6, fresh6) == (1, None, 1)
 
 
 def test_a_probe_redraws_a_step_at_its_recorded_request_and_is_held_elsewhere(
-    support_job: Job, support_tape: Tape
+    support_runner: ForkRunner, support_tape: Tape
 ) -> None:
     """A probe re-draws the step while its request is the recorded one, and keeps its
     mechanism otherwise. Step 4 (the decision) probed after a re-drawn step 2 that kept its
     action is a fresh draw: the fork is the one re-drawing both. After a step 2 that left the
     tape, step 4's request changed: the fork is the one re-drawing 2 alone."""
+    plans: list[dict[int, Resample | Probe]] = [
+        {2: Resample(), 4: Probe()},
+        {2: Resample(), 4: Resample()},
+        {2: Resample()},
+    ]
 
-    def plan(*pairs: tuple[int, Resample | Probe]) -> dict[int, Resample | Probe]:
-        return dict(pairs)
-
-    async def go() -> list[tuple[tuple[object, ...], ...]]:
-        with SimServer(support_job.load("policy")) as sim:
-            runner = ForkRunner(
-                support_job.load("agent"),
-                support_job.load("scorer"),
-                base_urls=BaseUrls.for_server(sim.url),
-                upstream=AiohttpUpstream(),
-            )
-            runner.add_tape(support_tape)
-            try:
-                out = []
-                for seed in range(40):
-                    rows = []
-                    for p in (
-                        plan((2, Resample()), (4, Probe())),
-                        plan((2, Resample()), (4, Resample())),
-                        plan((2, Resample())),
-                    ):
-                        spec = ForkSpec(
-                            tape_id=support_tape.tape_id, interventions=p, tail="held", seed=seed
-                        )
-                        row = await runner.run(spec)
-                        rows.append((row.outcome, row.first_deviation, row.interventions))
-                    out.append(tuple(rows))
-                return out
-            finally:
-                await runner.aclose()
+    async def go() -> list[list[tuple[object, ...]]]:
+        out = []
+        for seed in range(40):
+            rows = []
+            for p in plans:
+                spec = ForkSpec(
+                    tape_id=support_tape.tape_id, interventions=p, tail="held", seed=seed
+                )
+                row = await support_runner.run(spec)
+                rows.append((row.outcome, row.first_deviation, row.interventions))
+            out.append(rows)
+        return out
 
     left = stayed = 0
     runs = run(go())
