@@ -141,6 +141,62 @@ def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
     assert stopped >= 2
 
 
+def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> None:
+    """A Shapley fork's probe that leaves the tape finds a step the screen had not; the
+    job starts Shapley over with it. A job stopped right after that row (its budget ended,
+    the driver died) must resume knowing the step from its rows: Shapley over the new
+    candidates at once, the found step never probed again, no fork run twice, and the
+    verdict the job gives when nothing stops it. (support_refund, attribution seed 0: the
+    screen's first pass misses step 2 and a probe finds it.)"""
+    from car_ray.bench import _job_and_tape
+    from car_ray.execute import LocalExecutor, MemorySink
+    from car_ray.job import Job
+    from car_ray.providers import PriceTable
+    from car_ray.schedule import Budget, Scheduler, job_id_of
+    from car_ray.schedule._stages import probes_of
+    from car_ray.truth import run_local_scheduler, sim_runner
+
+    job, tape = _job_and_tape("jobs/support_refund/job.toml")
+    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 0, "method": "auto"}))
+    whole, whole_rows, whole_job = run_local_scheduler(job, tape, Budget())
+
+    def found_by_probe(row: dict[str, object]) -> bool:
+        spec = ForkSpec.model_validate_json(str(row["spec"]))
+        return row["stage"] == "shapley" and row["first_deviation"] in probes_of(spec)
+
+    first_hit = next(i for i, row in enumerate(whole_rows) if found_by_probe(row))
+    found = whole_rows[first_hit]["first_deviation"]
+    assert isinstance(found, int)
+    stopped, rows, _ = run_local_scheduler(job, tape, Budget(max_forks=first_hit + 1))
+    assert stopped.status == "budget_exhausted"
+    assert found_by_probe(rows[-1]), "the stopped job's last row is the probe's find"
+
+    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
+    try:
+        resumed_job = Scheduler(
+            job,
+            tape,
+            job_id=job_id_of(job, tape),
+            executor=executor,
+            sink=sink,
+            budget=Budget(),
+            prices=PriceTable.load(None),
+            already=rows,
+        )
+        resumed = resumed_job.run()
+    finally:
+        executor.shutdown()
+    ids = [r["task_id"] for r in rows + sink.rows]
+    assert len(ids) == len(set(ids)), "a fork ran twice"
+    assert resumed_job.screen is not None and found in resumed_job.screen.candidates
+    assert resumed_job.seed_shapley is not None and found in resumed_job.seed_shapley.candidates
+    for row in sink.rows:
+        spec = ForkSpec.model_validate_json(row["spec"])
+        assert found not in probes_of(spec), f"{row['task_id']} probes step {found} again"
+    assert resumed.status == whole.status == "complete"
+    assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
+
+
 def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
     """One candidate: each seed's phi is a 0/1 flip with probability 0.3 (its exact phi).
     Over 400 jobs of 24 seeds each, the interval covers 0.3 at least 93% of the time, and its
