@@ -462,10 +462,13 @@ def test_a_sim_process_serves_the_same_answers(
 
 def test_the_simulated_provider_starts_without_the_sdks_and_car_ray_names_still_resolve() -> None:
     # The sim's process imports car_ray.sim only: the openai and anthropic SDKs (~2 s of
-    # imports) stay out of it, while every public name of car_ray loads on first use.
+    # imports) stay out of it, while every public name of car_ray loads on first use. The
+    # CLI loads them only when an agent asks its context for a client (`car-ray jobs` and
+    # the like start in under a second).
     code = (
         "import sys, car_ray.sim; assert 'openai' not in sys.modules, 'openai imported'; "
         "assert 'anthropic' not in sys.modules, 'anthropic imported'; "
+        "import car_ray.cli; assert not {'openai', 'anthropic'} & set(sys.modules), 'by cli'; "
         "import car_ray; [getattr(car_ray, n) for n in car_ray.__all__]; "
         "from car_ray import *; print(AgentContext.__name__, recording.__name__)"
     )

@@ -7,14 +7,16 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic as anthropic_sdk
 import httpx2
-import openai as openai_sdk
 
 from ._run import Run
 from ._transport import AsyncRunTransport, RunTransport
+
+if TYPE_CHECKING:  # the SDKs load when an agent asks for a client: 2.6 s of every CLI start
+    import anthropic as anthropic_sdk
+    import openai as openai_sdk
 
 _PLACEHOLDER_KEY = "car-ray-no-key"
 
@@ -80,6 +82,8 @@ class AgentContext:
     # The SDKs' own retries are off: car-ray's live transport retries 429 / 5xx itself, so
     # that one step is one exchange on the tape.
     def openai(self) -> openai_sdk.OpenAI:
+        import openai as openai_sdk
+
         client: openai_sdk.OpenAI = self._cached(
             "openai",
             lambda: openai_sdk.OpenAI(
@@ -92,6 +96,8 @@ class AgentContext:
         return client
 
     def async_openai(self) -> openai_sdk.AsyncOpenAI:
+        import openai as openai_sdk
+
         client: openai_sdk.AsyncOpenAI = self._cached(
             "aopenai",
             lambda: openai_sdk.AsyncOpenAI(
@@ -104,6 +110,8 @@ class AgentContext:
         return client
 
     def anthropic(self) -> anthropic_sdk.Anthropic:
+        import anthropic as anthropic_sdk
+
         client: anthropic_sdk.Anthropic = self._cached(
             "anthropic",
             lambda: anthropic_sdk.Anthropic(
@@ -116,6 +124,8 @@ class AgentContext:
         return client
 
     def async_anthropic(self) -> anthropic_sdk.AsyncAnthropic:
+        import anthropic as anthropic_sdk
+
         client: anthropic_sdk.AsyncAnthropic = self._cached(
             "aanthropic",
             lambda: anthropic_sdk.AsyncAnthropic(
