@@ -42,10 +42,13 @@ class ScenarioCheck:
     covered: int
     checked: int
     misses: list[str] = field(default_factory=list)
+    # Every step that chooses in some context (`Truth.players`) was found by the screen: none
+    # is shown as cleared (phi 0 with no rank), which its deviation bound would not cover.
+    players_ok: bool = True
 
     @property
     def passed(self) -> bool:
-        return self.top_ok and self.arms_ok and self.control_ok
+        return self.top_ok and self.arms_ok and self.control_ok and self.players_ok
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "passed": self.passed}
@@ -116,6 +119,13 @@ def score(
             arms_ok = False
             misses.append(f"{kind}: rank 1 is step {ranked_first}, exact best {exact}")
     control_ok = not any("NEGATIVE CONTROL FAILED" in n for n in notes)
+    unseen = [
+        k
+        for k in truth.players
+        if k in resample and resample[k]["rank"] is None and resample[k]["phi"] == 0.0
+    ]
+    for k in unseen:
+        misses.append(f"step {k} makes choices but is shown as cleared: the screen never found it")
     return ScenarioCheck(
         name,
         steps,
@@ -129,6 +139,7 @@ def score(
         covered,
         checked,
         misses,
+        players_ok=not unseen,
     )
 
 

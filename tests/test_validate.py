@@ -64,6 +64,14 @@ def test_a_right_table_passes_and_a_wrong_top_fails(truth: Truth) -> None:
     narrow[4].update(phi_lo=0.9, phi_hi=0.95)
     missed = score("research", truth, narrow, [], 80, "complete", 8)
     assert missed.covered == missed.checked - 1 and missed.misses[0].startswith("phi@4")
+    # A step that makes choices shown as cleared (phi 0, no rank: the screen never found it)
+    # fails the scenario even where its interval happens to cover the exact value.
+    unseen = _table(truth, first=4, width=1.0)
+    unseen[2].update(phi=0.0, rank=None)
+    assert 2 in truth.players
+    hidden = score("research", truth, unseen, [], 80, "complete", 8)
+    assert not hidden.passed and hidden.top_ok and hidden.covered == hidden.checked
+    assert "step 2 makes choices but is shown as cleared" in hidden.misses[0]
 
 
 @pytest.mark.timeout(900)
