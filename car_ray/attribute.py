@@ -509,7 +509,7 @@ def attribute(
         return folder, saved
     stale = None if is_uri(out) or previous else _stale_code(out, job, tape, job_id)
     if stale:
-        console.print(f"[yellow]note: {escape(stale)}[/]")
+        console.print(f"[yellow]note: {escape(stale)}[/]", soft_wrap=not console.is_terminal)
     # A second run on the same output would run forks twice and under-report the spend.
     with hold_job(out, job_id) as held:
         folder, outcome = _run_job(

@@ -708,7 +708,8 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
     for note in outcome.notes:
         loud = "FAILED" in note or "divergence" in note or note.startswith(("NOTHING", "WARN"))
         style = "bold red" if loud else "yellow"
-        console.print(f"[{style}]{escape(note)}[/]")
+        # A pipe or log gets each note on one line: a path in it is never broken.
+        console.print(f"[{style}]{escape(note)}[/]", soft_wrap=not console.is_terminal)
     p = outcome.progress
     if isinstance(outcome, SavedOutcome):
         console.print(
