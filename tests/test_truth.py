@@ -150,6 +150,42 @@ def test_a_probe_redraws_a_step_at_its_recorded_request_and_is_held_elsewhere(
     assert any(p[1] == 4 for p, _, _ in runs)
 
 
+def test_a_probe_draws_only_while_the_run_is_on_the_tape() -> None:
+    """After the run left the tape, a probed step met at its recorded request keeps its
+    mechanism: in jobs/overdetermined, a fork whose re-drawn status post (step 2) left the
+    tape still commits with the recorded arguments (step 7), and the commit tool is not run
+    again (held, the recorded result), so the fork stays the fork of its coalition {2}. While
+    the run is on the tape, the probe runs it again (live)."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.truth import sim_runner
+
+    job, tape = _job_and_tape("jobs/overdetermined/job.toml")
+    runner = sim_runner(job, tape)
+    recorded = tape.steps[7]
+    assert recorded.type == "tool" and recorded.name == "git_commit"
+
+    async def go() -> list[tuple[int | None, str, bool]]:
+        out = []
+        try:
+            for seed in range(12):
+                plan = {2: Resample(), 7: Probe()}
+                spec = ForkSpec(tape_id=tape.tape_id, interventions=plan, tail="held", seed=seed)
+                row, trajectory = await runner.fork(spec)
+                (commit,) = [e for e in trajectory if e["step"] == 7]
+                same = commit["arguments"] == recorded.arguments
+                out.append((row.first_deviation, commit["source"], same))
+        finally:
+            await runner.aclose()
+        return out
+
+    forks = run(go())
+    left = [source for first, source, same in forks if first == 2 and same]
+    stayed = [source for first, source, _ in forks if first is None]
+    assert left and stayed, forks
+    assert set(left) == {"held"}, forks
+    assert set(stayed) == {"live"}, forks
+
+
 def test_truth_cli_prints_the_table_and_json() -> None:
     # Records jobs/research_async's tape on first use (a scenario job's tape is data).
     result = CliRunner().invoke(app, ["truth", str(RESEARCH_JOB.parent / "job.toml"), "--json"])

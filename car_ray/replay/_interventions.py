@@ -22,8 +22,10 @@ class Resample(_Intervention):
 
 
 class Probe(_Intervention):
-    """Re-draw the step while its request is the recorded one (re-run the tool while its
-    call is); at any other request it keeps its mechanism, as a held step does. Not a
+    """Re-draw the step while the run is on the tape (every step before it reproduced the
+    tape) and its request is the recorded one (re-run the tool on its recorded call);
+    otherwise it keeps its mechanism, as a held step does, even at its recorded request
+    after the run left the tape (a fresh draw there would change the fork). Not a
     user's intervention: the held-mechanism scheduler adds probes to a fork to learn whether
     steps it has not seen leave the tape, without changing what the fork measures (a probe
     that draws the recorded action answers as the tape does; one that does not is the

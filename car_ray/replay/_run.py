@@ -216,24 +216,25 @@ def first_deviation(trajectory: list[dict[str, Any]], tape: Tape) -> int | None:
     """The first step at which a run did something other than the tape (another action,
     another tool call or result, a step the tape does not have, or stopping early); None
     when it reproduced the tape step for step."""
-    steps = tape.steps
-    found: list[int] = [len(trajectory)] if len(trajectory) < len(steps) else []
-    for entry in trajectory:
-        k = int(entry["step"])
-        recorded = steps[k] if k < len(steps) else None
-        if recorded is None or recorded.type != entry["kind"]:
-            found.append(k)
-        elif isinstance(recorded, LlmEvent):
-            if entry.get("action") != recorded.action:
-                found.append(k)
-        elif (
-            entry["name"] != recorded.name
-            or entry["arguments"] != recorded.arguments
-            or entry["result"] != recorded.result
-            or entry["error"] != (recorded.error.model_dump() if recorded.error else None)
-        ):
-            found.append(k)
+    found: list[int] = [len(trajectory)] if len(trajectory) < len(tape.steps) else []
+    found += [int(entry["step"]) for entry in trajectory if _deviates(entry, tape)]
     return min(found, default=None)
+
+
+def _deviates(entry: dict[str, Any], tape: Tape) -> bool:
+    """Whether a trajectory entry differs from its step on the tape."""
+    k = int(entry["step"])
+    recorded = tape.steps[k] if k < len(tape.steps) else None
+    if recorded is None or recorded.type != entry["kind"]:
+        return True
+    if isinstance(recorded, LlmEvent):
+        return bool(entry.get("action") != recorded.action)
+    return bool(
+        entry["name"] != recorded.name
+        or entry["arguments"] != recorded.arguments
+        or entry["result"] != recorded.result
+        or entry["error"] != (recorded.error.model_dump() if recorded.error else None)
+    )
 
 
 def _llm_fields(event: LlmEvent) -> dict[str, Any]:
@@ -381,6 +382,15 @@ class Run:
             k = self._allocate()
             return await self._exchange(k, request)
 
+    def _on_tape(self) -> bool:
+        """Whether every step the run has finished so far reproduced the tape. A probe
+        (`Probe`) draws afresh only then: a step met at its recorded request after the run
+        left the tape (a tool called with its recorded arguments again, say) keeps its
+        mechanism, so the fork stays the fork of its coalition and the probe's draw counts
+        as a screen draw exactly when it comes before the fork's first deviation."""
+        assert self.tape is not None
+        return not any(_deviates(entry, self.tape) for entry in self.trajectory)
+
     async def _exchange(self, k: int, request: WireRequest) -> WireResponse:
         path = urlsplit(request.url).path
         body = _json_or_none(request.body)
@@ -390,10 +400,12 @@ class Run:
         recorded = self._recorded(k)
         iv = self.plan.interventions.get(k)
         if isinstance(iv, Probe):
-            # Re-drawn at its recorded request only; elsewhere it keeps its mechanism.
+            # Re-drawn only while the run is on the tape, at its recorded request; elsewhere
+            # it keeps its mechanism.
             observed = body if body is not None else request.body.decode("utf-8", "replace")
             on_tape = (
-                isinstance(recorded, LlmEvent)
+                self._on_tape()
+                and isinstance(recorded, LlmEvent)
                 and recorded.request.path == path
                 and digest_of(observed) == recorded.request.sha256
             )
@@ -717,9 +729,11 @@ class Run:
         recorded = self._recorded(k)
         iv = self.plan.interventions.get(k)
         if isinstance(iv, Probe):
-            # Run again on its recorded call only; elsewhere it keeps its mechanism.
+            # Run again only while the run is on the tape, on its recorded call; elsewhere
+            # it keeps its mechanism.
             if (
-                isinstance(recorded, ToolEvent)
+                self._on_tape()
+                and isinstance(recorded, ToolEvent)
                 and recorded.name == name
                 and digest_of(recorded.arguments) == digest_of(arguments)
             ):
