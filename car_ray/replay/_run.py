@@ -387,7 +387,8 @@ class Run:
         (`Probe`) draws afresh only then: a step met at its recorded request after the run
         left the tape (a tool called with its recorded arguments again, say) keeps its
         mechanism, so the fork stays the fork of its coalition and the probe's draw counts
-        as a screen draw exactly when it comes before the fork's first deviation."""
+        as a screen draw exactly when it comes before the fork's first deviation. (An async
+        agent's earlier call still in flight is not known yet: a probe beside it draws.)"""
         assert self.tape is not None
         return not any(_deviates(entry, self.tape) for entry in self.trajectory)
 
