@@ -306,6 +306,8 @@ class Run:
         self.fresh_draws = 0
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
+        self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
+        self._left_tape = False
         self.spend = Spend()
         self.divergence: DivergenceError | None = None
         self.blocked: str | None = None
@@ -390,7 +392,12 @@ class Run:
         as a screen draw exactly when it comes before the fork's first deviation. (An async
         agent's earlier call still in flight is not known yet: a probe beside it draws.)"""
         assert self.tape is not None
-        return not any(_deviates(entry, self.tape) for entry in self.trajectory)
+        # Entries are only ever appended: each is checked once (a 65-step tape probes most
+        # of its steps, and would compare every entry again at each).
+        while self._checked < len(self.trajectory) and not self._left_tape:
+            self._left_tape = _deviates(self.trajectory[self._checked], self.tape)
+            self._checked += 1
+        return not self._left_tape
 
     async def _exchange(self, k: int, request: WireRequest) -> WireResponse:
         path = urlsplit(request.url).path
