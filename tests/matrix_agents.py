@@ -246,3 +246,27 @@ AGENTS = {
 def umbrella(result: Any, trajectory: list[dict[str, Any]]) -> float:
     """1.0 (the 'bad' outcome here) when the answer says to bring an umbrella."""
     return 1.0 if result and "umbrella" in str(result.get("answer", "")) else 0.0
+
+
+class CoinPolicy:
+    """Any request: "heads" or "tails", 50/50."""
+
+    def distribution(self, request: ChatRequest) -> Sequence[tuple[float, Action]]:
+        return [(0.5, Action(text="heads")), (0.5, Action(text="tails"))]
+
+
+def ask_twice(ctx: car_ray.AgentContext) -> list[str]:
+    """The same question twice: the second request never depends on the first answer."""
+    client = ctx.openai()
+    messages = [{"role": "user", "content": "Heads or tails?"}]
+    return [
+        client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+        .choices[0]
+        .message.content
+        or ""
+        for _ in range(2)
+    ]
+
+
+def second_tails(result: Any, trajectory: list[dict[str, Any]]) -> float:
+    return 1.0 if result and result[1] == "tails" else 0.0

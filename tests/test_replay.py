@@ -12,6 +12,7 @@ from car_ray.replay import (
     DivergenceError,
     ForkRunner,
     ForkSpec,
+    Probe,
     Resample,
     record,
 )
@@ -159,3 +160,52 @@ def test_replay_of_a_truncated_tape_is_refused(sim: SimServer, tmp_path: Path) -
     )
     with pytest.raises(ValueError, match="incomplete"):
         runner.add_tape(loaded)
+
+
+def test_a_probed_model_call_at_its_recorded_request_after_the_run_left_the_tape_is_held(
+    tmp_path: Path,
+) -> None:
+    """A probe draws afresh only while the run is on the tape. The agent asks the same
+    question twice, so its second request is the recorded one whatever the first answer:
+    after a re-drawn first answer that left the tape, the probed second call keeps its
+    mechanism (the recorded answer, from the tape); on the tape it goes live."""
+    with SimServer(matrix_agents.CoinPolicy()) as coin:
+        tape, outcome = run(
+            record(
+                matrix_agents.ask_twice,
+                "tests.matrix_agents:ask_twice",
+                {},
+                tmp_path / "twice.tape",
+                base_urls=BaseUrls.for_server(coin.url),
+                seed=3,
+            )
+        )
+        assert outcome.error is None, outcome.error
+
+        async def go() -> list[tuple[int | None, str]]:
+            runner = ForkRunner(
+                matrix_agents.ask_twice,
+                matrix_agents.second_tails,
+                base_urls=BaseUrls.for_server(coin.url),
+                upstream=AiohttpUpstream(),
+            )
+            runner.add_tape(tape)
+            out = []
+            try:
+                for seed in range(16):
+                    spec = ForkSpec(
+                        tape_id=tape.tape_id,
+                        interventions={0: Resample(), 1: Probe()},
+                        tail="held",
+                        seed=seed,
+                    )
+                    row, trajectory = await runner.fork(spec)
+                    out.append((row.first_deviation, str(trajectory[1]["source"])))
+            finally:
+                await runner.aclose()
+            return out
+
+        forks = run(go())
+    left = {source for first, source in forks if first == 0}
+    stayed = {source for first, source in forks if first != 0}
+    assert left == {"held"} and stayed == {"live"}, forks

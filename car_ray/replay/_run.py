@@ -308,6 +308,7 @@ class Run:
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
         self._left_tape = False
+        self._tape_lock = threading.Lock()
         self.spend = Spend()
         self.divergence: DivergenceError | None = None
         self.blocked: str | None = None
@@ -389,15 +390,18 @@ class Run:
         (`Probe`) draws afresh only then: a step met at its recorded request after the run
         left the tape (a tool called with its recorded arguments again, say) keeps its
         mechanism, so the fork stays the fork of its coalition and the probe's draw counts
-        as a screen draw exactly when it comes before the fork's first deviation. (An async
-        agent's earlier call still in flight is not known yet: a probe beside it draws.)"""
+        as a screen draw exactly when it comes before the fork's first deviation. (A sync
+        agent's call still running on another of its threads is not known yet: a probe
+        beside it draws.)"""
         assert self.tape is not None
         # Entries are only ever appended: each is checked once (a 65-step tape probes most
-        # of its steps, and would compare every entry again at each).
-        while self._checked < len(self.trajectory) and not self._left_tape:
-            self._left_tape = _deviates(self.trajectory[self._checked], self.tape)
-            self._checked += 1
-        return not self._left_tape
+        # of its steps, and would compare every entry again at each). A sync agent's tools
+        # may call this from its own threads: one at a time.
+        with self._tape_lock:
+            while self._checked < len(self.trajectory) and not self._left_tape:
+                self._left_tape = _deviates(self.trajectory[self._checked], self.tape)
+                self._checked += 1
+            return not self._left_tape
 
     async def _exchange(self, k: int, request: WireRequest) -> WireResponse:
         path = urlsplit(request.url).path
