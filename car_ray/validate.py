@@ -42,8 +42,8 @@ class ScenarioCheck:
     covered: int
     checked: int
     misses: list[str] = field(default_factory=list)
-    # Every step that chooses in some context (`Truth.players`) was found by the screen: none
-    # is shown as cleared (phi 0 with no rank), which its deviation bound would not cover.
+    # No step that chooses in some context (`Truth.players`) is shown as cleared (phi 0, no
+    # rank) with a deviation bound that does not cover its exact phi.
     players_ok: bool = True
 
     @property
@@ -119,13 +119,21 @@ def score(
             arms_ok = False
             misses.append(f"{kind}: rank 1 is step {ranked_first}, exact best {exact}")
     control_ok = not any("NEGATIVE CONTROL FAILED" in n for n in notes)
+    # A player the screen missed by chance (it rarely leaves the tape) is honest while its
+    # bound covers its phi; one outside it is a step the screen cannot see.
     unseen = [
         k
         for k in truth.players
-        if k in resample and resample[k]["rank"] is None and resample[k]["phi"] == 0.0
+        if k in resample
+        and resample[k]["rank"] is None
+        and resample[k]["phi"] == 0.0
+        and not _inside(truth.step(k).phi, resample[k]["phi_lo"], resample[k]["phi_hi"])
     ]
     for k in unseen:
-        misses.append(f"step {k} makes choices but is shown as cleared: the screen never found it")
+        misses.append(
+            f"step {k} makes choices but is shown as cleared, and its bound does not cover "
+            "its exact phi: the screen never found it"
+        )
     return ScenarioCheck(
         name,
         steps,

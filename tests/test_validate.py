@@ -65,13 +65,17 @@ def test_a_right_table_passes_and_a_wrong_top_fails(truth: Truth) -> None:
     missed = score("research", truth, narrow, [], 80, "complete", 8)
     assert missed.covered == missed.checked - 1 and missed.misses[0].startswith("phi@4")
     # A step that makes choices shown as cleared (phi 0, no rank: the screen never found it)
-    # fails the scenario even where its interval happens to cover the exact value.
-    unseen = _table(truth, first=4, width=1.0)
-    unseen[2].update(phi=0.0, rank=None)
-    assert 2 in truth.players
+    # with a bound that does not cover its exact phi fails the scenario; one the screen
+    # missed by chance, inside its bound, is honest.
+    assert 2 in truth.players and abs(truth.step(2).phi) > 0.05
+    unseen = _table(truth, first=4)
+    unseen[2].update(phi=0.0, phi_lo=-0.01, phi_hi=0.01, rank=None)
     hidden = score("research", truth, unseen, [], 80, "complete", 8)
-    assert not hidden.passed and hidden.top_ok and hidden.covered == hidden.checked
-    assert "step 2 makes choices but is shown as cleared" in hidden.misses[0]
+    assert not hidden.passed and hidden.top_ok and not hidden.players_ok
+    assert any("step 2 makes choices but is shown as cleared" in m for m in hidden.misses)
+    covered = _table(truth, first=4)
+    covered[2].update(phi=0.0, phi_lo=-0.2, phi_hi=0.2, rank=None)
+    assert score("research", truth, covered, [], 80, "complete", 8).passed
 
 
 @pytest.mark.timeout(900)
