@@ -204,18 +204,19 @@ def submit(
     else:
         out_dir = str(Path(out_dir).absolute())
     with _staged(job, job.tape_paths, out_dir) as stage:
+        request: dict[str, Any] = {
+            "entrypoint": entrypoint(job, out_dir, extra or []),
+            "runtime_env": {"working_dir": str(stage), "env_vars": dict(STOP_ENV)},
+            "metadata": {
+                JOB_ID_KEY: job_id,
+                OUT_KEY: out_dir,
+                JOB_FILE_KEY: str(job.path.absolute()),
+            },
+        }
         waited_until = time.monotonic() + AGENT_WAIT_S
         while True:
             try:
-                submission_id: str = client.submit_job(
-                    entrypoint=entrypoint(job, out_dir, extra or []),
-                    runtime_env={"working_dir": str(stage), "env_vars": dict(STOP_ENV)},
-                    metadata={
-                        JOB_ID_KEY: job_id,
-                        OUT_KEY: out_dir,
-                        JOB_FILE_KEY: str(job.path.absolute()),
-                    },
-                )
+                submission_id: str = client.submit_job(**request)
                 break
             except (RuntimeError, ValueError, OSError) as exc:
                 # A head that has just started answers 500 until its job agent is up.
