@@ -82,18 +82,23 @@ def support_tape(
     return record_job(support_job, support_sim, tmp_path_factory.mktemp("tapes") / "support.tape")
 
 
+def http_runner(agent: Any, scorer: Any, sim: SimServer, tape: Tape) -> ForkRunner:
+    """A fork runner of `tape` whose live calls go to `sim` over HTTP."""
+    runner = ForkRunner(
+        agent, scorer, base_urls=BaseUrls.for_server(sim.url), upstream=AiohttpUpstream()
+    )
+    runner.add_tape(tape)
+    return runner
+
+
 @pytest.fixture(scope="module")
 def support_runner(
     support_job: Job, support_sim: SimServer, support_tape: Tape
 ) -> Iterator[ForkRunner]:
     """A fork runner for the demo's tape against the session's simulated provider."""
-    r = ForkRunner(
-        support_job.load("agent"),
-        support_job.load("scorer"),
-        base_urls=BaseUrls.for_server(support_sim.url),
-        upstream=AiohttpUpstream(),
+    r = http_runner(
+        support_job.load("agent"), support_job.load("scorer"), support_sim, support_tape
     )
-    r.add_tape(support_tape)
     yield r
     run(r.aclose())
 

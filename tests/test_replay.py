@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from car_ray.replay import (
-    AiohttpUpstream,
     BaseUrls,
     DivergenceError,
     ForkRunner,
@@ -21,7 +19,7 @@ from car_ray.sim import SimServer
 from car_ray.tape import LlmEvent, Tape, load_tape
 
 from . import matrix_agents
-from .conftest import run
+from .conftest import http_runner, run
 
 CASES = [
     (provider, style, stream)
@@ -53,15 +51,6 @@ def _record(sim: SimServer, tmp_path: Path, provider: str, style: str, stream: b
     )
     assert outcome.error is None, outcome.error
     return tape
-
-
-def _http_runner(agent: Any, scorer: Any, sim: SimServer, tape: Tape) -> ForkRunner:
-    """A fork runner of `tape` whose live calls go to `sim` over HTTP."""
-    runner = ForkRunner(
-        agent, scorer, base_urls=BaseUrls.for_server(sim.url), upstream=AiohttpUpstream()
-    )
-    runner.add_tape(tape)
-    return runner
 
 
 @pytest.mark.parametrize(("provider", "style", "stream"), CASES)
@@ -134,7 +123,7 @@ def test_a_forks_tail_goes_over_http_and_the_same_seed_gives_the_same_row(
     tape = _record(sim, tmp_path, "openai", "sync", stream=True)
 
     async def go() -> list[object]:
-        runner = _http_runner(matrix_agents.openai_agent, matrix_agents.umbrella, sim, tape)
+        runner = http_runner(matrix_agents.openai_agent, matrix_agents.umbrella, sim, tape)
         try:
             rows = []
             for seed in (5, 5, 6):
@@ -187,7 +176,7 @@ def test_a_probed_model_call_at_its_recorded_request_after_the_run_left_the_tape
         assert outcome.error is None, outcome.error
 
         async def go() -> list[tuple[int | None, str]]:
-            runner = _http_runner(matrix_agents.ask_twice, matrix_agents.second_tails, coin, tape)
+            runner = http_runner(matrix_agents.ask_twice, matrix_agents.second_tails, coin, tape)
             out = []
             try:
                 for seed in range(16):

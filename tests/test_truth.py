@@ -112,10 +112,11 @@ def test_held_tail_serves_the_recorded_answer_while_the_request_is_unchanged(
 def test_a_probe_redraws_a_step_at_its_recorded_request_and_is_held_elsewhere(
     support_runner: ForkRunner, support_tape: Tape
 ) -> None:
-    """A probe re-draws the step while its request is the recorded one, and keeps its
-    mechanism otherwise. Step 4 (the decision) probed after a re-drawn step 2 that kept its
-    action is a fresh draw: the fork is the one re-drawing both. After a step 2 that left the
-    tape, step 4's request changed: the fork is the one re-drawing 2 alone."""
+    """A probe re-draws the step while the run is on the tape (its request then the
+    recorded one), and keeps its mechanism otherwise. Step 4 (the decision) probed after a
+    re-drawn step 2 that kept its action is a fresh draw: the fork is the one re-drawing
+    both. After a step 2 that left the tape, step 4's request changed: the fork is the one
+    re-drawing 2 alone."""
     plans: list[dict[int, Resample | Probe]] = [
         {2: Resample(), 4: Probe()},
         {2: Resample(), 4: Resample()},
