@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from itertools import combinations
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -97,6 +98,13 @@ def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
     done = [r for r in result.rows if r.status == "complete"]
     assert per_trace == {r.trace: r.forks for r in done}
     assert len(set(forks.column("task_id").to_pylist())) == forks.num_rows
+    # One job file and one attribution seed, yet independent trials: no fork seed (and so
+    # no fresh draw) is shared by two traces, or one unlucky draw sequence would hit them all.
+    seeds: dict[str, set[int]] = {}
+    for fork in batch_forks(result.folder).to_table(columns=["trace", "spec"]).to_pylist():
+        seeds.setdefault(fork["trace"], set()).add(json.loads(fork["spec"])["seed"])
+    assert len(seeds) == 3
+    assert all(not a & b for a, b in combinations(seeds.values(), 2)), seeds
     assert result.info.spent.forks == sum(r.forks for r in done) <= 600
     assert result.info.spent.usd == pytest.approx(sum(r.usd for r in done), abs=1e-9)
     assert result.info.spent.usd <= 0.5

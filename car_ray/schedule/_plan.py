@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .._canon import canonical_bytes, digest_of
+from .._canon import canonical_bytes, digest_of, sha256_hex
 from ..execute import Executor, Item, Row, RowSink
 from ..job import Job
 from ..providers import PriceTable
@@ -56,6 +56,17 @@ LEARN_AFTER = 4
 # A job whose forks mostly end unscored (divergence, error, provider_error) has failed: its
 # few scored forks are not a sample of anything.
 FAILED_SHARE = 0.5
+
+
+def seed_base(attribution_seed: int, tape_id: str) -> int:
+    """The first fork seed of an attribution: a hash of its seed and its tape, shifted so
+    that a job's 2^32 fork seeds never reach another's. The same tape and seed draw the same
+    forks (a resume, a rerun); another tape with the same seed draws independently, so the
+    traces of a batch (one job file, one seed) are independent trials, not one draw
+    sequence whose bad luck every trace shares. Below 2^63: a seed fits a signed 64-bit
+    column and a provider's integer seed."""
+    digest = sha256_hex(f"car-ray/attribution/{attribution_seed}/{tape_id}".encode())
+    return (int(digest[:8], 16) >> 1) << 32
 
 
 @dataclass(frozen=True)
@@ -228,9 +239,9 @@ class Scheduler:
         self.cut_tasks: set[str] = set()  # forks cut at a learned reservation: worst case now
         self.seed_next: dict[tuple[str, str], int] = defaultdict(int)
         self.arms = job_arms(job, tape)
-        # Every fork seed derives from the attribution's seed: the j-th fork of a counter has
-        # seed base + j, and fresh draws hash (seed, step).
-        self.seed_base = self.spec.attribution_seed << 32
+        # Every fork seed derives from the attribution's seed and the tape: the j-th fork of
+        # a counter has seed base + j, and fresh draws hash (seed, step).
+        self.seed_base = seed_base(self.spec.attribution_seed, self.tape.tape_id)
         # The simulated provider honours seeds: a held fork with no fresh draw is then
         # deterministic, and one fork is its exact value.
         self.honours_seed = self.spec.provider.base_url is None
