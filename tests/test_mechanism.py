@@ -146,18 +146,20 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     job starts Shapley over with it. A job stopped right after that row (its budget ended,
     the driver died) must resume knowing the step from its rows: Shapley over the new
     candidates at once, the found step never probed again, no fork run twice, and the
-    verdict the job gives when nothing stops it. (support_refund, attribution seed 0: the
-    screen's first pass misses step 2 and a probe finds it.)"""
+    verdict the job gives when nothing stops it, within the same caps (the resumed job
+    carries what the stopped one spent). (support_refund, attribution seed 3: the screen's
+    first pass misses step 2, a probe finds it, and the job separates its top within the
+    default cap.)"""
     from car_ray.bench import _job_and_tape
     from car_ray.execute import LocalExecutor, MemorySink
     from car_ray.job import Job
     from car_ray.providers import PriceTable
-    from car_ray.schedule import Budget, Scheduler, job_id_of
+    from car_ray.schedule import Budget, Cost, Scheduler, effective_budget, job_id_of
     from car_ray.schedule._stages import probes_of
     from car_ray.truth import run_local_scheduler, sim_runner
 
     job, tape = _job_and_tape("jobs/support_refund/job.toml")
-    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 0, "method": "auto"}))
+    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 3, "method": "auto"}))
     whole, whole_rows, whole_job = run_local_scheduler(job, tape, Budget())
 
     def found_by_probe(row: dict[str, object]) -> bool:
@@ -182,6 +184,11 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
             budget=Budget(),
             prices=PriceTable.load(None),
             already=rows,
+            already_spent=Cost(
+                len(rows),
+                sum(r["cost_usd"] for r in rows),
+                sum(r["tokens_in"] + r["tokens_out"] for r in rows),
+            ),
         )
         resumed = resumed_job.run()
     finally:
@@ -193,6 +200,8 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     for row in sink.rows:
         spec = ForkSpec.model_validate_json(row["spec"])
         assert found not in probes_of(spec), f"{row['task_id']} probes step {found} again"
+    cap = effective_budget(Budget(), len(tape.steps)).max_forks
+    assert cap is not None and len(rows) + len(sink.rows) <= cap, "the resume broke the cap"
     assert resumed.status == whole.status == "complete"
     assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
 
