@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from car_ray.replay import ForkSpec, Resample
 from car_ray.schedule._estimators import exact_shapley
@@ -147,9 +148,10 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     the driver died) must resume knowing the step from its rows: Shapley over the new
     candidates at once, the found step never probed again, no fork run twice, and the
     verdict the job gives when nothing stops it, within the same caps (the resumed job
-    carries what the stopped one spent). (support_refund, attribution seed 3: the screen's
-    first pass misses step 2, a probe finds it, and the job separates its top within the
-    default cap.)"""
+    carries what the stopped one spent). (support_refund, the first attribution seed whose
+    screen's first pass misses a step that a probe then finds, and whose job separates its
+    top within the default cap: the seeds' draws follow the tape's run, so the test looks
+    for one rather than naming it.)"""
     from car_ray.bench import _job_and_tape
     from car_ray.execute import LocalExecutor, MemorySink
     from car_ray.job import Job
@@ -158,15 +160,20 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     from car_ray.schedule._stages import probes_of
     from car_ray.truth import run_local_scheduler, sim_runner
 
-    job, tape = _job_and_tape("jobs/support_refund/job.toml")
-    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 3, "method": "auto"}))
-    whole, whole_rows, whole_job = run_local_scheduler(job, tape, Budget())
-
     def found_by_probe(row: dict[str, object]) -> bool:
         spec = ForkSpec.model_validate_json(str(row["spec"]))
         return row["stage"] == "shapley" and row["first_deviation"] in probes_of(spec)
 
-    first_hit = next(i for i, row in enumerate(whole_rows) if found_by_probe(row))
+    base, tape = _job_and_tape("jobs/support_refund/job.toml")
+    for seed in range(20):
+        job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+        whole, whole_rows, whole_job = run_local_scheduler(job, tape, Budget())
+        hits = [i for i, row in enumerate(whole_rows) if found_by_probe(row)]
+        if hits and whole_job.verdict == ("separated", [4]):
+            break
+    else:
+        pytest.fail("no attribution seed of 20 has a probe find a step and separates")
+    first_hit = hits[0]
     found = whole_rows[first_hit]["first_deviation"]
     assert isinstance(found, int)
     stopped, rows, _ = run_local_scheduler(job, tape, Budget(max_forks=first_hit + 1))

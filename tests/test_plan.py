@@ -54,12 +54,12 @@ def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
     screened = [s._spec("screen", "resample@4", {4: Resample()}, "live", j) for j in range(4)]
     raced = s._spec("race", "resample@4", {4: Resample()}, "live")
     # The race goes on from the screen's seeds: a race fork is never a screen row again.
-    assert raced.seed == 4
+    assert raced.seed == s.seed_base + 4
     assert raced.task_id not in {f.task_id for f in screened}
     control = s._spec("controls", "pinned", {}, "pinned", 0)
     empty = s._spec("shapley", "", {}, "pinned")
     # The pinned-everything control is the empty coalition: they share one counter.
-    assert empty.seed == 1 and empty.task_id != control.task_id
+    assert empty.seed == s.seed_base + 1 and empty.task_id != control.task_id
 
 
 def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -> None:

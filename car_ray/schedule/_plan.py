@@ -58,14 +58,15 @@ LEARN_AFTER = 4
 FAILED_SHARE = 0.5
 
 
-def seed_base(attribution_seed: int, tape_id: str) -> int:
-    """The first fork seed of an attribution: a hash of its seed and its tape, shifted so
-    that a job's 2^32 fork seeds never reach another's. The same tape and seed draw the same
-    forks (a resume, a rerun); another tape with the same seed draws independently, so the
+def seed_base(attribution_seed: int, run_digest: str) -> int:
+    """The first fork seed of an attribution: a hash of its seed and the run the tape holds
+    (`Tape.run_digest`), shifted so that a job's 2^32 fork seeds never reach another's. The
+    same run and seed draw the same forks (a resume, a rerun, the same scenario recorded
+    again on another machine); another run with the same seed draws independently, so the
     traces of a batch (one job file, one seed) are independent trials, not one draw
     sequence whose bad luck every trace shares. Below 2^63: a seed fits a signed 64-bit
     column and a provider's integer seed."""
-    digest = sha256_hex(f"car-ray/attribution/{attribution_seed}/{tape_id}".encode())
+    digest = sha256_hex(f"car-ray/attribution/{attribution_seed}/{run_digest}".encode())
     return (int(digest[:8], 16) >> 1) << 32
 
 
@@ -241,7 +242,7 @@ class Scheduler:
         self.arms = job_arms(job, tape)
         # Every fork seed derives from the attribution's seed and the tape: the j-th fork of
         # a counter has seed base + j, and fresh draws hash (seed, step).
-        self.seed_base = seed_base(self.spec.attribution_seed, self.tape.tape_id)
+        self.seed_base = seed_base(self.spec.attribution_seed, self.tape.run_digest)
         # The simulated provider honours seeds: a held fork with no fresh draw is then
         # deterministic, and one fork is its exact value.
         self.honours_seed = self.spec.provider.base_url is None

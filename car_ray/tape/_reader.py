@@ -61,6 +61,23 @@ class Tape:
         return "partial-" + self.chain_tail
 
     @cached_property
+    def run_digest(self) -> str:
+        """What the run did, without when or where it was recorded: the agent, input and
+        seed, and every step's request and response (llm) or call and result (tool). Two
+        recordings of one seeded scenario share it (their tape ids differ: the header's time
+        and the provider's port are in the chain); two distinct runs do not (a real
+        provider's responses carry their own ids)."""
+        steps: list[Any] = []
+        for e in self.steps:
+            if isinstance(e, LlmEvent):
+                steps.append(["llm", e.request.sha256, e.response.sha256])
+            else:
+                error = None if e.error is None else e.error.model_dump()
+                steps.append(["tool", e.name, e.arguments, e.result, error])
+        head = self.header
+        return digest_of([head.agent, head.input, head.seed, steps])
+
+    @cached_property
     def steps(self) -> list[Step]:
         return [e for e in self.events if e.type in ("llm", "tool")]
 
