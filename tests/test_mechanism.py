@@ -115,14 +115,15 @@ def test_clean_for_is_the_fewest_draws_under_a_bound() -> None:
 
 
 def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
-    """What a user reads in the table: when the job says the top separated, the top's phi_lo
-    is above the phi_hi of every step the screen cleared (0 plus or minus its deviation
-    bound; the other candidates are told apart by paired differences, which the table's
-    own intervals need not show). jobs/echo, where the top's phi is 0.45, stops on its own
-    at the default budget for most seeds: each one that does must show it."""
+    """When the job says the top separated, the top is the exact one (jobs/echo: step 2,
+    phi 0.45; the echo at step 4 has phi 0) and every step the screen did not find shows
+    the clean draws that cleared it: at least what the joint test of its draws with the
+    top's seeds needs (`clean_to_clear`, from the top's seeds as the table gives them: one
+    candidate, so its flips are phi times the seeds)."""
     from car_ray.bench import _job_and_tape
     from car_ray.job import Job
     from car_ray.schedule import Budget
+    from car_ray.schedule._mechanism import clean_to_clear, exact_lower
     from car_ray.truth import run_local
 
     job, tape = _job_and_tape("jobs/echo/job.toml")
@@ -134,12 +135,48 @@ def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
             continue
         stopped += 1
         rows = [r for r in outcome.attribution if r["intervention"] == "resample"]
-        top = [r for r in rows if r["rank"] == 1]
-        assert [r["step"] for r in top] == [2]
-        for r in rows:
-            if r["rank"] is None and r["phi_hi"] is not None:
-                assert r["phi_hi"] < top[0]["phi_lo"], (seed, r["step"], r["phi_hi"])
+        (top,) = [r for r in rows if r["rank"] == 1]
+        assert top["step"] == 2
+        ranked = [r for r in rows if r["rank"] is not None]
+        if len(ranked) == 1:
+            flips, seeds = round(top["phi"] * top["phi_n"]), top["phi_n"]
+            need = clean_to_clear(lambda g, f=flips, n=seeds: exact_lower(f, n, g), 0.025)
+            for r in rows:
+                if r["rank"] is None and r["phi_hi"] is not None:
+                    assert r["necessity_n"] >= need, (seed, r["step"], r["necessity_n"], need)
     assert stopped >= 2
+
+
+def test_the_joint_clearance_errs_at_most_alpha() -> None:
+    """`clean_to_clear` decides that a step not found (deviating with probability q at its
+    recorded request, so |phi| <= q) is below the top (one candidate: each seed a flip with
+    probability phi). At the edge q = phi, the chance that the top's flips in N seeds and
+    n clean draws of the other step declare it below is at most alpha, for every phi, N and
+    n: computed exactly over the binomial distribution of the flips, not sampled."""
+    from scipy.stats import binom
+
+    from car_ray.schedule._mechanism import clean_to_clear, exact_lower
+
+    alpha = 0.025
+    worst = 0.0
+    for seeds in (8, 15, 30, 60):
+        need = [
+            clean_to_clear(lambda g, h=h, n=seeds: exact_lower(h, n, g), alpha)
+            for h in range(seeds + 1)
+        ]
+        for phi in (0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8):
+            for n in (3, 5, 10, 15, 20, 30, 45, 60):
+                cleared = sum(
+                    float(binom.pmf(h, seeds, phi)) for h in range(seeds + 1) if n >= need[h]
+                )
+                worst = max(worst, cleared * (1 - phi) ** n)
+    assert 0.0 < worst <= alpha, worst
+    # And it asks far fewer draws than a bound on q below the top's own lower bound: 6 flips
+    # in 30 seeds.
+    assert (
+        clean_to_clear(lambda g: exact_lower(6, 30, g), alpha)
+        < DeviationScreen.clean_for(exact_lower(6, 30, alpha), alpha) / 1.5
+    )
 
 
 def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> None:
@@ -233,6 +270,22 @@ def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
     assert higher / 400 >= 0.9, higher / 400
 
 
+def test_a_precise_verdict_names_no_step_whose_phi_may_be_zero() -> None:
+    """Every interval within the target half-width ends the stage, but it is not an answer:
+    a step whose phi interval reaches 0 is not named the top cause. One candidate that never
+    flips in 16 seeds (a step with phi 0.3 does that 0.3% of the time): the verdict is
+    precise and names nothing. One flip in 16 is a phi above 0: separated, the step named."""
+    never = SeedShapley([2], 0.05, salt="p")
+    once = SeedShapley([2], 0.05, salt="p")
+    for seed in range(16):
+        never.observe(seed, frozenset({2}), False)
+        once.observe(seed, frozenset({2}), seed == 5)
+    phi = never.estimates()[2][0]
+    assert phi.value == 0.0 and phi.half_width <= 0.1
+    assert never.verdict(target_half_width=0.1) == ("precise", [])
+    assert once.verdict(target_half_width=0.1) == ("separated", [2])
+
+
 def test_coalitions_that_stay_on_the_tape_are_known_without_a_fork() -> None:
     """A seed's largest coalition runs first; its first deviation shows which steps drew their
     recorded (harmful) action, and coalitions of those alone are then known not to flip. The
@@ -284,6 +337,49 @@ def test_a_coalition_runs_as_itself_without_its_leading_clean_steps() -> None:
     three.clean[0] = {2, 7}
     assert three._acting(0, frozenset({2, 5, 7})) == frozenset({5, 7})
     assert three._acting(0, frozenset({2, 7})) == frozenset()
+
+
+def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
+    """Shapley over [5] probes step 2 in every fork; at the first seed whose probe leaves the
+    tape, 2 is found and Shapley starts over with [2, 5]. Every earlier seed is then known
+    without a fork: its {5} ran with 2 drawing its recorded action, which is the fork of
+    {2, 5} (and {2} is the recorded run); the finding fork is {2, 5} of its seed. The values
+    so known are the game's own (`_flips`). (Before, each earlier seed ran again.)"""
+    from car_ray.replay import Probe
+    from car_ray.schedule._stages import _observe
+
+    rng = random.Random(5)
+    draws = [{k: rng.random() for k in P_BAD} for _ in range(8)]
+    for seed, u in enumerate(draws):  # 2 keeps its harmful action in seeds 0-6, not in 7
+        u[2] = 0.9 if seed == 7 else 0.3 * u[2]
+    first = SeedShapley([5], 0.05, salt="r")
+    screen = DeviationScreen([0, 2, 5, 7], clean_needed=4)
+    rows: list[tuple[int, ForkSpec, dict[str, object]]] = []
+    for seed, u in enumerate(draws):
+        spec = ForkSpec(tape_id="t", interventions={5: Resample(), 2: Probe()}, seed=seed)
+        left = [k for k in (2, 5) if u[k] >= P_BAD[k]]
+        deviation = min(left, default=None)
+        coalition = frozenset({5} | ({2} if deviation == 2 else set()))
+        row = {"outcome": 1.0, "first_deviation": deviation, "flipped": bool(_flips(coalition, u))}
+        rows.append((seed, spec, row))
+        screen.probed(seed, [2], deviation)
+        _observe(first, seed, spec, row, learn=True)
+        if 2 in screen.hits:
+            break
+    found = len(rows) - 1
+    assert found == 7
+    again = SeedShapley([2, 5], 0.05, salt="r")
+    for fork_seed, k in sorted(screen.probes):
+        again.learn_clean(fork_seed, [k])
+    for seed, spec, row in rows:
+        _observe(again, seed, spec, row, learn=True)
+    for seed in range(found):
+        assert all(again.known(seed, c) for c in again.coalitions(seed)), seed
+        for c in again.coalitions(seed):
+            assert again.values[seed][c] == _flips(c, draws[seed]), (seed, c)
+    assert again.known(found, frozenset({2, 5}))
+    assert again.values[found][frozenset({2, 5})] == _flips(frozenset({2, 5}), draws[found])
+    assert again.complete_seeds() == list(range(found)) or found in again.complete_seeds()
 
 
 def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, permutations
 from typing import Literal
 
 import numpy as np
-from scipy.stats import binom, norm, t
+from scipy.stats import beta, binom, norm, t
 
 from ._estimators import exact_shapley, wilson
 
@@ -160,8 +160,11 @@ class SeedShapley:
     failed: set[int] = field(default_factory=set)  # a fork of the seed has no outcome
     cut: set[int] = field(default_factory=set)  # a fork of the seed the budget refused
     # Per seed: the candidates whose fresh draw at the recorded request is the recorded action
-    # (a fork of the seed re-drew them and stayed on the tape past them).
+    # (a fork of the seed re-drew or probed them and stayed on the tape past them).
     clean: dict[int, set[int]] = field(default_factory=dict)
+    # Per seed: outcomes of coalitions outside its chain (an earlier Shapley's, over fewer
+    # candidates): each tells the chain coalitions that run the same fork (`_acting`).
+    extra: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
     _inferred: dict[int, set[frozenset[int]]] = field(default_factory=dict)
 
     @property
@@ -196,24 +199,40 @@ class SeedShapley:
     ) -> None:
         """A fork's outcome; `first_deviation` (the step where it left the tape, None if it
         never did) tells which of its steps drew their recorded action, and every coalition
-        of the seed made of such steps alone is then known not to flip."""
+        of the seed made of such steps alone is then known not to flip. A coalition outside
+        the seed's chain (a row of an earlier Shapley over fewer candidates) is kept for
+        what it tells of the chain's."""
         if flipped is None:
-            self.failed.add(seed)
+            if coalition in self.coalitions(seed):
+                self.failed.add(seed)
             return
-        self.values.setdefault(seed, {})[coalition] = float(flipped)
+        if coalition in self.coalitions(seed):
+            self.values.setdefault(seed, {})[coalition] = float(flipped)
+        else:
+            self.extra.setdefault(seed, {})[coalition] = float(flipped)
         if first_deviation == "unknown":
             return
-        clean = self.clean.setdefault(seed, set())
-        clean.update(k for k in coalition if first_deviation is None or k < first_deviation)
-        values = self.values[seed]
+        self.learn_clean(
+            seed, [k for k in coalition if first_deviation is None or k < first_deviation]
+        )
+
+    def learn_clean(self, seed: int, steps: Sequence[int]) -> None:
+        """Candidates whose fresh draw in `seed` is their recorded action (a fork of the seed
+        re-drew or probed them and stayed on the tape past them); the seed's coalitions that
+        this shows to run as one already known are filled in."""
+        self.clean.setdefault(seed, set()).update(k for k in steps if k in self.candidates)
+        values = self.values.setdefault(seed, {})
         # Coalitions alike once their leading clean steps are dropped run alike (`_acting`).
-        by_acting = {self._acting(seed, c): v for c, v in values.items()}
+        known = {**self.extra.get(seed, {}), **values}
+        by_acting = {self._acting(seed, c): v for c, v in known.items()}
         by_acting[frozenset()] = 0.0  # nothing acts: the recorded run, which never flips
         for other in self.coalitions(seed):
             acting = self._acting(seed, other)
             if other not in values and acting in by_acting:
                 values[other] = by_acting[acting]
                 self._inferred.setdefault(seed, set()).add(other)
+        if not values:
+            del self.values[seed]
 
     def _acting(self, seed: int, coalition: frozenset[int]) -> frozenset[int]:
         """The steps of a coalition that can change the seed's run: from its first step not
@@ -307,6 +326,26 @@ class SeedShapley:
             return _proportion(values, self.alpha, int(values.size))
         return mean_interval(values, self.alpha, low=-1.0, high=1.0)
 
+    def _phi_lower(self, values: np.ndarray, level: float) -> float:
+        """A one-sided lower bound on a candidate's phi at `level` (any level in (0, 1): above
+        1/2 it lies above the mean): exact for one candidate (each seed a 0/1 flip), else
+        the t bound of `_phi_interval`'s lower end."""
+        x = values[~np.isnan(values)]
+        if len(self.candidates) == 1:
+            return exact_lower(float(x.sum()), int(x.size), level)
+        return mean_lower(x, level, low=-1.0)
+
+    def clean_to_clear(self, k: int, alpha: float, more_seeds: int = 0) -> float:
+        """The clean draws a step the screen has not found needs before candidate k's phi is
+        shown above that step's (`clean_to_clear`), from the seeds so far (and `more_seeds`
+        more at their mean, to ask what another seed would change); inf while k's phi is not
+        shown above 0."""
+        phi, _, _ = self._per_seed()
+        values = phi[:, self.candidates.index(k)]
+        if more_seeds and values.size:
+            values = np.append(values, np.full(more_seeds, values.mean()))
+        return clean_to_clear(lambda level: self._phi_lower(values, level), alpha)
+
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
         ('precise', top) when every interval is within the target, None while neither holds.
@@ -339,7 +378,9 @@ class SeedShapley:
         if above_zero and signs and all(apart(i, j) for i in top for j in rest):
             return "separated", [m[j] for j in top]
         if all(e.half_width <= target_half_width for e in own):
-            return "precise", [m[j] for j in top]
+            # Precise, but an answer only where the blame is shown above 0: a top whose
+            # interval reaches 0 may have no blame at all.
+            return "precise", [m[j] for j in top] if above_zero else []
         return None
 
 
@@ -363,6 +404,67 @@ def mean_interval(
     floor = scale * z * z / (n + z * z)
     half = max(spread, floor)
     return Interval(mean, max(low, mean - half), min(high, mean + half), n)
+
+
+def exact_lower(successes: float, n: int, level: float) -> float:
+    """The Clopper-Pearson one-sided lower bound on a Bernoulli mean at `level` (P(mean <
+    bound) <= level, exactly: the bound is where P(as many successes or more) = level), for
+    any level in (0, 1)."""
+    if successes <= 0 or n == 0:
+        return 0.0
+    return float(beta.ppf(level, successes, n - successes + 1))
+
+
+def mean_lower(x: np.ndarray, level: float, *, low: float) -> float:
+    """`mean_interval`'s lower end as a one-sided bound at `level`: the t bound, never closer
+    to the mean than the Wilson margin while it lies below it (level < 1/2)."""
+    n = int(x.size)
+    if n < 2:
+        return low
+    mean = float(x.mean())
+    spread = float(t.isf(level, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
+    if level < 0.5:
+        z = float(norm.isf(level))
+        spread = max(spread, z * z / (n + z * z))
+    return max(low, mean - spread)
+
+
+# Levels of the top's p-value at which `clean_to_clear` evaluates its bound: from alpha up
+# by this ratio. Between two levels the bound takes the worse end of each factor, so a
+# finer grid only makes it a little less cautious.
+CLEAR_GRID_RATIO = 1.15
+
+
+def clean_to_clear(lower: Callable[[float], float], alpha: float) -> float:
+    """How many clean draws (and no deviation) of a step the screen has not found show, at
+    one-sided level `alpha`, that its phi is below a top candidate's; `lower(level)` is the
+    top's one-sided lower bound at `level`. inf if the top is not shown above 0.
+
+    A step not found leaves the tape at its recorded request with some probability q, and
+    |phi| <= q. Its n clean draws and the top's seeds are independent draws, so together
+    they reject q >= phi_top when, for every x, P(n clean | q = x) * P(the top's seeds |
+    phi_top = x) = (1 - x)^n * p(x) <= alpha, p(x) the top's p-value, at most `level` for x
+    at most lower(level). That takes far fewer draws than a bound on q below the top's own
+    lower bound (each at its own alpha): 6 flips in 30 seeds for the top need 12 clean
+    draws, not 31. Over levels g_0 = alpha < g_1 < ... the product on [lower(g_i),
+    lower(g_i+1)] is at most g_i+1 * (1 - lower(g_i))^n."""
+    floor = lower(alpha)
+    if floor <= 0.0:
+        return math.inf
+    levels = [alpha]
+    while levels[-1] < 0.99:
+        levels.append(min(0.99, levels[-1] * CLEAR_GRID_RATIO))
+    bounds = [lower(g) for g in levels]
+    need = 1.0
+    for i, bound in enumerate(bounds):
+        above = levels[i + 1] if i + 1 < len(levels) else 1.0
+        if above <= alpha:
+            continue
+        if bound >= 1.0:
+            continue
+        # above * (1 - bound)^n <= alpha
+        need = max(need, math.ceil(math.log(alpha / above) / math.log1p(-bound)))
+    return need
 
 
 def _signs_agree(diff: np.ndarray, alpha: float) -> bool:

@@ -14,6 +14,7 @@ A new stage is a class here and a line in `Scheduler.plan`."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -225,7 +226,10 @@ class HeldScreen(BaseStage):
         return self.job.screen
 
     def suggest(self, room: int) -> list[Fork] | None:
-        if self.screen.done():
+        screen = self.screen
+        if screen.done() or (screen.clean_needed >= SCREEN_CLEAN and screen.candidates):
+            # The second pass clears every step to say that nothing makes a choice; once
+            # something does, Shapley's probes screen the rest.
             return None
         out = screen_forks(self.job, room, self.pending)
         self.pending += len(out)
@@ -280,14 +284,17 @@ class HeldShapley(BaseStage):
         job.seed_shapley = shap
         job.verdict = None
         job.candidates = list(shap.candidates)
-        coalitions_of: dict[int, set[frozenset[int]]] = {}
+        # What earlier forks showed carries over to a Shapley that started over: a probe
+        # that drew a step's recorded action in a seed is that step's fresh draw there, and
+        # every row of an earlier Shapley is a coalition of this one's candidates.
+        if job.honours_seed:
+            first = job.seed_base + SHAPLEY_SEEDS
+            for fork_seed, k in sorted(self.screen.probes):
+                if k in shap.candidates and fork_seed >= first:
+                    shap.learn_clean(fork_seed - first, [k])
         for spec, row in job._rows("shapley", "held"):
-            seed = self._seed(spec)
-            if seed < 0:  # a row of an older car-ray, whose Shapley seeds were the screen's
-                continue
-            coalition = coalition_of(spec)
-            if coalition in coalitions_of.setdefault(seed, set(shap.coalitions(seed))):
-                _observe(shap, seed, spec, row, learn=job.honours_seed)
+            if self._seed(spec) >= 0:  # not a row of an older car-ray (the screen's seeds)
+                _observe(shap, self._seed(spec), spec, row, learn=job.honours_seed)
         self.pending: set[tuple[int, frozenset[int]]] = set()
         self.screening: set[str] = set()
         self.per_seed = max(1, len(shap.coalitions(0)))
@@ -364,19 +371,22 @@ class HeldShapley(BaseStage):
         ]
 
     def _probes_wanted(self) -> int:
-        """Clean draws a step not found should have: what the screen asks for, and what
-        clears a bound of half the leader's phi (a separated top's phi_lo is rarely lower);
-        SCREEN_MOST before MIN_SEEDS seeds. Each probe of a model step is a live call (the
-        demo spends 29,705 tokens in 59 forks with probes, 26,372 in 71 without): this bounds
-        a long tape with a weak top, whose every step would be probed by up to 60 seeds."""
+        """Clean draws a step not found should have: what the screen asks for, and what the
+        leader's phi would need to stand (`_needed`; while the leader is not shown above 0,
+        a deviation bound of half its phi); SCREEN_MOST before MIN_SEEDS seeds. Each probe
+        of a model step is a live call (the demo spends 29,705 tokens in 59 forks with
+        probes, 26,372 in 71 without): this bounds a long tape with a weak top, whose every
+        step would be probed by up to 60 seeds."""
         estimates = self.shap.estimates()
         if len(self.shap.complete_seeds()) < MIN_SEEDS or not estimates:
             return SCREEN_MOST
-        lead = max((phi.value or 0.0) for phi, _, _ in estimates.values())
-        if lead <= 0:
+        value, lead = max(((e[0].value or 0.0), k) for k, e in estimates.items())
+        if value <= 0:
             return self.screen.clean_needed
-        half = DeviationScreen.clean_for(lead / 2, self.job.alpha)
-        return min(SCREEN_MOST, max(self.screen.clean_needed, half))
+        need = self.shap.clean_to_clear(lead, self._clear_alpha)
+        if need == math.inf:
+            need = DeviationScreen.clean_for(value / 2, self.job.alpha)
+        return int(min(SCREEN_MOST, max(self.screen.clean_needed, need)))
 
     def suggest(self, room: int) -> list[Fork] | None:
         shap, screen = self.shap, self.screen
@@ -388,7 +398,7 @@ class HeldShapley(BaseStage):
         if self._stands(verdict):
             self.job.verdict = verdict
             return None
-        if self._screen_gain() >= self._seed_gain(verdict):
+        if self._screen_next(verdict):
             out = screen_forks(self.job, room, len(self.screening))
             self.screening.update(spec.task_id for _, spec in out)
             return out
@@ -413,51 +423,64 @@ class HeldShapley(BaseStage):
 
     def _stands(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether Shapley's verdict has the screen's clearance behind it: every step not
-        found has a deviation bound below what the verdict needs (`_clearance`), or was
-        screened as far as the screen goes (SCREEN_MOST). If not, the screen is asked for
-        the clean draws that would do."""
-        screen, alpha = self.screen, self.job.alpha
-        if not verdict[1]:
+        found has the clean draws the verdict needs (`_needed`), or was screened as far as
+        the screen goes (SCREEN_MOST). If not, the screen is asked for them."""
+        screen = self.screen
+        if verdict == ("separated", []):
+            return True  # nothing makes a choice: the screen cleared every step already
+        need = self._needed(verdict)
+        if self._fewest_clean() >= need:
             return True
-        need = self._clearance(verdict)
-        bound = max((screen.deviation_bound(k, alpha) for k in self._unfound()), default=0)
-        if bound < need:
-            return True
-        clean = DeviationScreen.clean_for(need, alpha) if need > 0 else SCREEN_MOST
-        screen.clean_needed = min(SCREEN_MOST, clean)
+        screen.clean_needed = int(min(SCREEN_MOST, need))
         return screen.done()
+
+    @property
+    def _clear_alpha(self) -> float:
+        """The one-sided level at which a step not found is shown below the top: that of
+        each pair of candidates (the lower end of a two-sided interval at alpha)."""
+        return self.job.alpha / 2
+
+    def _needed(self, verdict: tuple[str, list[int]], more_seeds: int = 0) -> float:
+        """Clean draws each step not found needs for `verdict` to stand. A separated top:
+        enough to show that step's phi below every top step's (`clean_to_clear`: its
+        deviation rate bounds its |phi|, tested jointly with the top's seeds); a precise
+        verdict: a deviation bound within the target half-width. `more_seeds` asks what the
+        need would be after that many more seeds like the ones so far."""
+        if verdict[0] != "separated":
+            return DeviationScreen.clean_for(self.target, self.job.alpha)
+        alpha = self._clear_alpha
+        return max(self.shap.clean_to_clear(k, alpha, more_seeds) for k in verdict[1])
 
     def _unfound(self) -> list[int]:
         """The resample steps the screen has not seen leave the tape."""
         return [k for k in self.screen.steps if k not in self.screen.hits]
 
-    def _clearance(self, verdict: tuple[str, list[int]]) -> float:
-        """The deviation bound a step not found must be below for `verdict` to stand."""
-        if verdict[0] != "separated":
-            return self.target
-        estimates = self.shap.estimates()
-        return max(0.0, min(estimates[k][0].low or 0.0 for k in verdict[1]))
+    def _fewest_clean(self) -> float:
+        """The clean draws of the step not found that has the fewest (inf: none is left)."""
+        return min((self.screen.clean.get(k, 0) for k in self._unfound()), default=math.inf)
 
-    def _screen_gain(self) -> float:
-        """How much one more screen fork lowers the largest deviation bound of a step not
-        found."""
-        n = min((self.screen.clean.get(k, 0) for k in self._unfound()), default=0)
-        bound = DeviationScreen.bound_after
-        return bound(n, self.job.alpha) - bound(n + 1, self.job.alpha)
-
-    def _seed_gain(self, verdict: tuple[str, list[int]]) -> float:
-        """How much one more fork of Shapley seeds raises the top's phi_lo (its half-width
-        falls as 1 / sqrt(seeds): by about h / 2s a seed, a seed being one fork a coalition).
-        A "precise" verdict waits on the bound alone: seeds do not help it."""
+    def _screen_next(self, verdict: tuple[str, list[int]]) -> bool:
+        """Whether the next forks should be the screen's rather than Shapley seeds, while a
+        verdict waits on its clearance: a screen fork gives the step with the fewest clean
+        draws one more; a fork of seeds gives it a probe where the seed's run reaches it on
+        the tape (the share of seeds so far that did) and lowers what the top needs (the
+        need after one more seed like the others). A precise verdict waits on the screen
+        alone."""
         if verdict[0] != "separated":
-            return 0.0
-        shap = self.shap
-        estimates = shap.estimates()
-        seeds = max(1, len(shap.complete_seeds()))
-        half = max(estimates[k][0].half_width for k in verdict[1])
-        if half == float("inf"):
-            return float("inf")
-        return half / (2 * seeds) / max(1.0, shap.forks_per_seed())
+            return True
+        shap, screen = self.shap, self.screen
+        seeds = len(shap.complete_seeds())
+        if seeds == 0:
+            return False
+        unfound = self._unfound()
+        weakest = min(unfound, key=lambda k: screen.clean.get(k, 0))
+        first = self.job.seed_base + SHAPLEY_SEEDS
+        probed = sum(1 for s, k in screen.probes if k == weakest and first <= s < first + seeds)
+        need, later = self._needed(verdict), self._needed(verdict, more_seeds=1)
+        if need == math.inf:
+            return False
+        per_seed = (probed / seeds + max(0.0, need - later)) / max(1.0, shap.forks_per_seed())
+        return per_seed <= 1.0
 
     def _may_stop(self) -> bool:
         """Whether a verdict ends the Shapley stage: always, unless the job's `precise_only`
@@ -492,6 +515,12 @@ def held_notes(job: Scheduler) -> list[str]:
             f"shapley: {n} seeds; top cause {job.verdict[1]} {job.verdict[0]} at "
             f"{job.spec.confidence:.0%}"
         )
+    elif job.verdict[0] == "precise":
+        notes.append(
+            f"shapley: {n} seeds; precise: every interval within "
+            f"±{job.spec.target_half_width:g}, and no step's blame is above 0 at "
+            f"{job.spec.confidence:.0%}"
+        )
     else:
         notes.append("shapley: no step makes a choice that could change the outcome")
     return notes
@@ -501,12 +530,18 @@ def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, learn: b
     """A Shapley fork's row. Which steps drew their recorded action is learned only where the
     provider honours seeds: elsewhere another fork of the seed draws afresh, and a coalition
     known from this one would not be the draw its own fork makes. A fork whose first
-    deviation is a probe measured nothing of its coalition (the screen found that step)."""
+    deviation is a probe measured nothing of its coalition while that step is not a
+    candidate (the screen found it: Shapley starts over); once it is, the fork is its
+    coalition with that step re-drawn (the probe drew it as a re-drawn step does, and
+    later probes kept their mechanism)."""
     scored = row["outcome"] is not None
+    coalition = coalition_of(spec)
     if scored and row["first_deviation"] in probes_of(spec):
-        return
+        if row["first_deviation"] not in shap.candidates:
+            return
+        coalition = coalition | {row["first_deviation"]}
     first: int | Literal["unknown"] | None = row["first_deviation"] if learn else "unknown"
-    shap.observe(seed, coalition_of(spec), row["flipped"] if scored else None, first)
+    shap.observe(seed, coalition, row["flipped"] if scored else None, first)
 
 
 def _probed(screen: DeviationScreen, spec: ForkSpec, row: Row) -> None:
