@@ -44,16 +44,18 @@ CONTROL_FORKS = 4
 BASE_RATE_FORKS = 8
 SCREEN_FORKS = 4
 RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
-# The screen clears steps lazily. Its first pass stops at SCREEN_FIRST clean re-draws a step
-# (a step leaving the tape 30% of the time is missed 24% of the time there); Shapley then runs
-# over what it found, and every Shapley fork probes the steps not found (`replay.Probe`), so a
-# step the first pass missed is found by the seeds (Shapley then starts over: a 30% step is
-# missed by 12 seeds 1.4% of the time) and their draws clear the others. The screen goes on only
-# while a step it has not found could still outrank the top: until every such step's deviation
-# bound is below the top's phi_lo (at most SCREEN_MOST re-draws). When nothing makes a choice
-# the screen clears to SCREEN_CLEAN (a step leaving the tape 20% of the time is missed 1.2%).
-# (A first pass of 8 stopped as often on the suite and spent more: late_commit 23.8 forks
-# against 19.8, long_tape 31.0 against 27.8, 10 seeds each.)
+# The screen clears steps lazily. Its first pass runs one fork at a time and stops at the
+# first step found (or once every step has SCREEN_FIRST clean re-draws); Shapley then runs over
+# it, and every Shapley fork probes the steps not found (`replay.Probe`), so the other steps
+# that choose are found by the seeds (Shapley then starts over, keeping every row it had) and
+# their draws clear the rest. The screen goes on only while a step it has not found could
+# still outrank the top: until each such step has the clean draws that show it below the top
+# (`clean_to_clear`; at most SCREEN_MOST). When the first pass finds nothing, the screen goes
+# on (SCREEN_IN_FLIGHT at a time) to its first find or SCREEN_CLEAN clean draws a step: then
+# nothing makes a choice (a step leaving the tape 20% of the time is missed 1.2%). (A first
+# pass that cleared every step to 4 stopped as often at the default budget and was right less
+# often at small ones: and_conj at 14 forks, 2 of 6 seeds against 5 of 6; relay spent 42.6
+# forks against 34.6, 20 seeds.)
 SCREEN_FIRST = 4
 SCREEN_CLEAN = 20
 SCREEN_MOST = 60
@@ -188,14 +190,16 @@ class HeldArms(Listed):
                 yield ("arms", job._spec("arms", arm.key, plan, "held", j))
 
 
-def screen_forks(job: Scheduler, room: int, pending: int) -> list[Fork]:
-    """Up to `room` forks of the screen's block (at most SCREEN_IN_FLIGHT in flight)."""
+def screen_forks(
+    job: Scheduler, room: int, pending: int, most: int = SCREEN_IN_FLIGHT
+) -> list[Fork]:
+    """Up to `room` forks of the screen's block (at most `most` in flight)."""
     assert job.screen is not None
     block = job.screen.block()
     if not block:
         return []
     plan: dict[int, Intervention] = {k: Resample() for k in block}
-    n = max(0, min(room, SCREEN_IN_FLIGHT - pending))
+    n = max(0, min(room, most - pending))
     return [("screen", job._spec("screen", "block", plan, "held")) for _ in range(n)]
 
 
@@ -227,11 +231,13 @@ class HeldScreen(BaseStage):
 
     def suggest(self, room: int) -> list[Fork] | None:
         screen = self.screen
-        if screen.done() or (screen.clean_needed >= SCREEN_CLEAN and screen.candidates):
-            # The second pass clears every step to say that nothing makes a choice; once
-            # something does, Shapley's probes screen the rest.
+        if screen.done() or screen.candidates:
+            # Once a step is found, Shapley's probes screen the rest.
             return None
-        out = screen_forks(self.job, room, self.pending)
+        # The first pass goes one fork at a time, so forks in flight do not all find the
+        # same step; the second (nothing found yet) SCREEN_IN_FLIGHT at a time.
+        first = screen.clean_needed < SCREEN_CLEAN
+        out = screen_forks(self.job, room, self.pending, 1 if first else SCREEN_IN_FLIGHT)
         self.pending += len(out)
         return out
 
@@ -380,12 +386,16 @@ class HeldShapley(BaseStage):
         estimates = self.shap.estimates()
         if len(self.shap.complete_seeds()) < MIN_SEEDS or not estimates:
             return SCREEN_MOST
-        value, lead = max(((e[0].value or 0.0), k) for k, e in estimates.items())
-        if value <= 0:
+        lead = max((e[0].value or 0.0) for e in estimates.values())
+        if lead <= 0:
             return self.screen.clean_needed
-        need = self.shap.clean_to_clear(lead, self._clear_alpha)
-        if need == math.inf:
-            need = DeviationScreen.clean_for(value / 2, self.job.alpha)
+        # The top may be several steps (an AND's halves): the weakest of those near the
+        # leader sets what a verdict needs.
+        near = [k for k, e in estimates.items() if (e[0].value or 0.0) >= lead / 2]
+        needs = [self.shap.clean_to_clear(k, self._clear_alpha) for k in near]
+        need = max((n for n in needs if n < math.inf), default=math.inf)
+        if math.inf in needs:
+            need = max(need, DeviationScreen.clean_for(lead / 2, self.job.alpha))
         return int(min(SCREEN_MOST, max(self.screen.clean_needed, need)))
 
     def suggest(self, room: int) -> list[Fork] | None:
@@ -459,6 +469,16 @@ class HeldShapley(BaseStage):
         """The clean draws of the step not found that has the fewest (inf: none is left)."""
         return min((self.screen.clean.get(k, 0) for k in self._unfound()), default=math.inf)
 
+    def _probe_rate(self, k: int) -> float:
+        """The share of the complete Shapley seeds whose forks probed step k (reached it on
+        the tape): how many clean draws of k a seed brings."""
+        seeds = len(self.shap.complete_seeds())
+        if not seeds:
+            return 0.0
+        first = self.job.seed_base + SHAPLEY_SEEDS
+        probed = sum(1 for s, j in self.screen.probes if j == k and first <= s < first + seeds)
+        return probed / seeds
+
     def _screen_next(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether the next forks should be the screen's rather than Shapley seeds, while a
         verdict waits on its clearance: a screen fork gives the step with the fewest clean
@@ -469,18 +489,14 @@ class HeldShapley(BaseStage):
         if verdict[0] != "separated":
             return True
         shap, screen = self.shap, self.screen
-        seeds = len(shap.complete_seeds())
-        if seeds == 0:
+        if not shap.complete_seeds():
             return False
-        unfound = self._unfound()
-        weakest = min(unfound, key=lambda k: screen.clean.get(k, 0))
-        first = self.job.seed_base + SHAPLEY_SEEDS
-        probed = sum(1 for s, k in screen.probes if k == weakest and first <= s < first + seeds)
+        weakest = min(self._unfound(), key=lambda k: screen.clean.get(k, 0))
         need, later = self._needed(verdict), self._needed(verdict, more_seeds=1)
         if need == math.inf:
             return False
-        per_seed = (probed / seeds + max(0.0, need - later)) / max(1.0, shap.forks_per_seed())
-        return per_seed <= 1.0
+        gain = self._probe_rate(weakest) + max(0.0, need - later)
+        return gain / max(1.0, shap.forks_per_seed()) <= 1.0
 
     def _may_stop(self) -> bool:
         """Whether a verdict ends the Shapley stage: always, unless the job's `precise_only`
