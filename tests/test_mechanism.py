@@ -250,6 +250,35 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
 
 
+def test_a_capped_job_begins_only_the_seeds_it_can_finish() -> None:
+    """The estimates count complete seeds only, so a Shapley fork of a seed the budget cuts
+    off half way is paid for and tells nothing. Under a cap, a seed is begun only when the
+    forks left could finish it after the seeds begun. jobs/and_conj at 14 forks (three
+    candidates: a seed costs about 2.5 forks), 10 attribution seeds: most Shapley forks count
+    (before, 20 of 120 did: a window of first forks of new seeds, most never finished), and
+    a job that stopped beginning seeds says its budget ended."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.schedule._stages import SHAPLEY_SEEDS
+    from car_ray.truth import run_local_scheduler
+
+    base, tape = _job_and_tape("jobs/and_conj/job.toml")
+    forks = counted = 0
+    for seed in range(10):
+        job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+        outcome, rows, scheduler = run_local_scheduler(job, tape, Budget(max_forks=14))
+        assert outcome.status == "budget_exhausted", (seed, outcome.status)
+        assert scheduler.seed_shapley is not None
+        complete = set(scheduler.seed_shapley.complete_seeds())
+        for row in rows:
+            if row["stage"] == "shapley":
+                spec = ForkSpec.model_validate_json(row["spec"])
+                forks += 1
+                counted += spec.seed - scheduler.seed_base - SHAPLEY_SEEDS in complete
+    assert counted / forks >= 0.35, (counted, forks)
+
+
 def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
     """One candidate: each seed's phi is a 0/1 flip with probability 0.3 (its exact phi).
     Over 400 jobs of 24 seeds each, the interval covers 0.3 at least 93% of the time, and its

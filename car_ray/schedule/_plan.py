@@ -263,6 +263,21 @@ class Scheduler:
 
     # -- arms and specs --------------------------------------------------------------------
 
+    def forks_left(self) -> float | None:
+        """How many more forks the job's caps let it begin, beside those in flight: its fork
+        cap, and its dollar and token caps at the mean cost of a fork so far (None without
+        any cap, or before a fork has cost anything under a money cap alone)."""
+        left, spent = self.governor.remaining(), self.governor.spent
+        out: list[float] = []
+        if left.forks is not None:
+            out.append(float(left.forks))
+        if spent.forks:
+            if left.usd is not None and spent.usd > 0:
+                out.append(left.usd * spent.forks / spent.usd)
+            if left.tokens is not None and spent.tokens > 0:
+                out.append(left.tokens * spent.forks / spent.tokens)
+        return min(out, default=None)
+
     def _spec(
         self,
         stage: str,

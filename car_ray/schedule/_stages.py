@@ -303,6 +303,7 @@ class HeldShapley(BaseStage):
                 _observe(shap, self._seed(spec), spec, row, learn=job.honours_seed)
         self.pending: set[tuple[int, frozenset[int]]] = set()
         self.screening: set[str] = set()
+        self.out_of_budget = False
         self.per_seed = max(1, len(shap.coalitions(0)))
         self.target = job.spec.target_half_width
 
@@ -336,17 +337,30 @@ class HeldShapley(BaseStage):
         self.shap.observe(seed, coalition, None)
 
     def _seeds(self, room: int) -> list[Fork]:
+        """Forks of Shapley seeds, in seed order: each seed's largest coalition first, its
+        other coalitions once that one is known. Under a cap, a seed is begun only if the
+        forks left could finish it after those begun: the estimates count complete seeds
+        only, so a seed cut off half way is paid for and tells nothing."""
         shap, pending = self.shap, self.pending
         room = min(room, max(2 * self.per_seed, 8) - len(pending))
+        left = self.job.forks_left()
+        per_seed = max(1.0, shap.forks_per_seed())
+        owed = 0.0  # forks the seeds begun may still need beyond those asked for now
         out: list[Fork] = []
         seed = 0
         while len(out) < room:
             first = shap.first(seed)
             if seed in shap.failed or (seed, first) in pending:
                 # The seed's other coalitions wait for its first: it may settle them.
+                if seed not in shap.failed:
+                    owed += per_seed - 1
                 seed += 1
                 continue
-            todo = [first] if not shap.known(seed, first) else shap.coalitions(seed)
+            begun = shap.known(seed, first)
+            if not begun and left is not None and left - len(out) - owed < per_seed:
+                self.out_of_budget = True  # what is left could not finish another seed
+                break
+            todo = [first] if not begun else shap.coalitions(seed)
             for coalition in todo:
                 if len(out) >= room:
                     break
@@ -416,7 +430,7 @@ class HeldShapley(BaseStage):
 
     def done(self, exhausted: bool) -> Next:
         shap, screen, job = self.shap, self.screen, self.job
-        if exhausted:
+        if exhausted or self.out_of_budget:
             if screen.candidates == shap.candidates:
                 # The budget ended: the verdict of every fork it paid for may stand all the
                 # same, and is then the job's answer.
