@@ -425,7 +425,10 @@ class HeldShapley(BaseStage):
         if self._screen_next(verdict):
             out = screen_forks(self.job, room, len(self.screening))
             self.screening.update(spec.task_id for _, spec in out)
-            return out
+            if out or self.screening:
+                return out
+            # The screen has gone as far as it goes (SCREEN_MOST draws, or it gave up on
+            # strays): only seeds, which lower what the top needs, can make the verdict.
         return self._seeds(room)
 
     def done(self, exhausted: bool) -> Next:
@@ -447,22 +450,24 @@ class HeldShapley(BaseStage):
 
     def _stands(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether Shapley's verdict has the screen's clearance behind it: every step not
-        found has the clean draws the verdict needs (`_needed`), or was screened as far as
-        the screen goes (SCREEN_MOST). If not, the screen is asked for them."""
-        screen = self.screen
+        found has the clean draws the verdict needs (`_needed`). If not, the screen is asked
+        for them (at most SCREEN_MOST: a top that needs more waits for seeds to lower it,
+        and a screen that gave up on strays clears nothing more)."""
         if verdict == ("separated", []):
             return True  # nothing makes a choice: the screen cleared every step already
         need = self._needed(verdict)
         if self._fewest_clean() >= need:
             return True
-        screen.clean_needed = int(min(SCREEN_MOST, need))
-        return screen.done()
+        self.screen.clean_needed = int(min(SCREEN_MOST, need))
+        return False
 
     @property
     def _clear_alpha(self) -> float:
-        """The one-sided level at which a step not found is shown below the top: that of
-        each pair of candidates (the lower end of a two-sided interval at alpha)."""
-        return self.job.alpha / 2
+        """The level at which a step not found is shown below the top (`clean_to_clear`):
+        the job's alpha, whatever number of clean draws the screen gathered (it tops them up
+        to what the top's seeds ask for). The pairs of candidates are tested at alpha / 2 a
+        look, which the looks after every seed bring to about alpha (`_signs_agree`)."""
+        return self.job.alpha
 
     def _needed(self, verdict: tuple[str, list[int]], more_seeds: int = 0) -> float:
         """Clean draws each step not found needs for `verdict` to stand. A separated top:
@@ -561,13 +566,14 @@ def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, learn: b
     provider honours seeds: elsewhere another fork of the seed draws afresh, and a coalition
     known from this one would not be the draw its own fork makes. A fork whose first
     deviation is a probe measured nothing of its coalition while that step is not a
-    candidate (the screen found it: Shapley starts over); once it is, the fork is its
-    coalition with that step re-drawn (the probe drew it as a re-drawn step does, and
-    later probes kept their mechanism)."""
+    candidate (the screen found it: Shapley starts over); once it is, and the provider
+    honours seeds, the fork is its coalition with that step re-drawn (the probe drew it as
+    a re-drawn step of that seed does, and later probes kept their mechanism). Without
+    seeds it would be a draw chosen for leaving the tape there."""
     scored = row["outcome"] is not None
     coalition = coalition_of(spec)
     if scored and row["first_deviation"] in probes_of(spec):
-        if row["first_deviation"] not in shap.candidates:
+        if row["first_deviation"] not in shap.candidates or not learn:
             return
         coalition = coalition | {row["first_deviation"]}
     first: int | Literal["unknown"] | None = row["first_deviation"] if learn else "unknown"
