@@ -162,6 +162,9 @@ class SeedShapley:
     # Per seed: the candidates whose fresh draw at the recorded request is the recorded action
     # (a fork of the seed re-drew or probed them and stayed on the tape past them).
     clean: dict[int, set[int]] = field(default_factory=dict)
+    # Per seed: the candidates whose fresh draw at the recorded request left the tape (a
+    # fork of the seed re-drew them with every step before them on the tape).
+    dirty: dict[int, set[int]] = field(default_factory=dict)
     # Per seed: outcomes of coalitions outside its chain (an earlier Shapley's, over fewer
     # candidates): each tells the chain coalitions that run the same fork (`_acting`).
     extra: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
@@ -212,6 +215,8 @@ class SeedShapley:
             self.extra.setdefault(seed, {})[coalition] = float(flipped)
         if first_deviation == "unknown":
             return
+        if first_deviation in coalition:
+            self.dirty.setdefault(seed, set()).add(first_deviation)
         self.learn_clean(
             seed, [k for k in coalition if first_deviation is None or k < first_deviation]
         )
@@ -335,16 +340,40 @@ class SeedShapley:
             return exact_lower(float(x.sum()), int(x.size), level)
         return mean_lower(x, level, low=-1.0)
 
-    def clean_to_clear(self, k: int, alpha: float, more_seeds: int = 0) -> float:
+    def clean_to_clear(
+        self, k: int, alpha: float, more_seeds: int = 0, reach: float = 1.0
+    ) -> float:
         """The clean draws a step the screen has not found needs before candidate k's phi is
-        shown above that step's (`clean_to_clear`), from the seeds so far (and `more_seeds`
-        more at their mean, to ask what another seed would change); inf while k's phi is not
-        shown above 0."""
+        shown above that step's (`clean_to_clear`, the step's |phi| at most `reach` times
+        its deviation rate), from the seeds so far (and `more_seeds` more at their mean, to
+        ask what another seed would change); inf while k's phi is not shown above 0."""
         phi, _, _ = self._per_seed()
         values = phi[:, self.candidates.index(k)]
         if more_seeds and values.size:
             values = np.append(values, np.full(more_seeds, values.mean()))
-        return clean_to_clear(lambda level: self._phi_lower(values, level), alpha)
+        return clean_to_clear(lambda level: self._phi_lower(values, level), alpha, reach)
+
+    def reach(self, step: int, level: float) -> float:
+        """An upper bound (one-sided at `level`) on the share of a step's Shapley weight in
+        which it meets its recorded request, for a step the screen has not found. Its
+        coalition S (the steps before it in a random order) leaves it at the recorded
+        request only when no step of S before it left the tape; with d_s candidates before
+        it that leave the tape in seed s, that is 1 / (1 + d_s) of the orders (it comes
+        first among them), and its |phi| is at most its deviation rate times the mean of
+        1 / (1 + d_s) (its own draw is independent of theirs). A candidate not known to
+        leave the tape in a seed counts as staying on it (the bound only grows)."""
+        seeds = self.complete_seeds()
+        share = np.array(
+            [1.0 / (1 + sum(1 for j in self.dirty.get(s, ()) if j < step)) for s in seeds]
+        )
+        if share.size < 2 or share.min() >= 1.0:
+            return 1.0
+        n = share.size
+        z = float(norm.isf(level))
+        spread = float(t.isf(level, n - 1)) * float(share.std(ddof=1)) / math.sqrt(n)
+        # Never closer to the mean than Wilson's margin: a handful of like seeds is not a
+        # share known exactly.
+        return min(1.0, float(share.mean()) + max(spread, z * z / (n + z * z)))
 
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
@@ -449,7 +478,7 @@ def product_threshold(alpha: float) -> float:
     return low
 
 
-def clean_to_clear(lower: Callable[[float], float], alpha: float) -> float:
+def clean_to_clear(lower: Callable[[float], float], alpha: float, reach: float = 1.0) -> float:
     """How many clean draws (and no deviation) of a step the screen has not found show, at
     level `alpha`, that its phi is below a top candidate's; `lower(level)` is the top's
     one-sided lower bound at `level`. inf if the top is not shown above 0 at the threshold.
@@ -463,7 +492,9 @@ def clean_to_clear(lower: Callable[[float], float], alpha: float) -> float:
     came about (the screen draws as many as the top's seeds ask for), and takes about half
     the draws of a bound on q below the top's own lower bound at the same alpha (6 flips in
     30 seeds at 5%: 24 draws against 46). Over levels g_0 = c < g_1 < ... the product on
-    [lower(g_i), lower(g_i+1)] is at most g_i+1 * (1 - lower(g_i))^n."""
+    [lower(g_i), lower(g_i+1)] is at most g_i+1 * (1 - lower(g_i))^n. A step whose |phi| is
+    at most `reach` times its deviation rate (`SeedShapley.reach`) is below the top when
+    that rate is below phi_top / reach: (1 - x / reach)^n for the first factor."""
     c = product_threshold(alpha)
     if lower(c) <= 0.0:
         return math.inf
@@ -472,7 +503,7 @@ def clean_to_clear(lower: Callable[[float], float], alpha: float) -> float:
         levels.append(min(0.99, levels[-1] * CLEAR_GRID_RATIO))
     need = 1.0
     for i, level in enumerate(levels):
-        bound = lower(level)
+        bound = lower(level) / reach
         above = levels[i + 1] if i + 1 < len(levels) else 1.0
         if bound >= 1.0:
             continue

@@ -63,6 +63,9 @@ SCREEN_MOST = 60
 # screen's forks count from 0 and pick the candidates, so Shapley seeds that were the screen's
 # would see every step it found leave the tape (a selection bias toward the found steps).
 SHAPLEY_SEEDS = 1 << 31
+# The share of alpha a clearance spends on bounding how much of a step's weight reaches it
+# (`SeedShapley.reach`); the rest goes to the joint test (`clean_to_clear`).
+REACH_ALPHA = 0.25
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 UNSCORED = frozenset({"divergence", "error", "provider_error"})
@@ -450,43 +453,54 @@ class HeldShapley(BaseStage):
 
     def _stands(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether Shapley's verdict has the screen's clearance behind it: every step not
-        found has the clean draws the verdict needs (`_needed`). If not, the screen is asked
-        for them (at most SCREEN_MOST: a top that needs more waits for seeds to lower it,
-        and a screen that gave up on strays clears nothing more)."""
+        found has the clean draws the verdict needs of it (`_needed`). If not, the screen
+        is asked for them (at most SCREEN_MOST: a top that needs more waits for seeds to
+        lower it, and a screen that gave up on strays clears nothing more)."""
         if verdict == ("separated", []):
             return True  # nothing makes a choice: the screen cleared every step already
-        need = self._needed(verdict)
-        if self._fewest_clean() >= need:
+        short = self._short(verdict)
+        if not short:
             return True
-        self.screen.clean_needed = int(min(SCREEN_MOST, need))
+        self.screen.clean_needed = int(min(SCREEN_MOST, max(short.values())))
         return False
 
     @property
     def _clear_alpha(self) -> float:
         """The level at which a step not found is shown below the top (`clean_to_clear`):
         the job's alpha, whatever number of clean draws the screen gathered (it tops them up
-        to what the top's seeds ask for). The pairs of candidates are tested at alpha / 2 a
-        look, which the looks after every seed bring to about alpha (`_signs_agree`)."""
-        return self.job.alpha
+        to what the top's seeds ask for), less REACH_ALPHA for the bound on how much of the
+        step's weight reaches it (`SeedShapley.reach`). The pairs of candidates are tested
+        at alpha / 2 a look, which the looks after every seed bring to about alpha
+        (`_signs_agree`)."""
+        return self.job.alpha * (1 - REACH_ALPHA)
 
-    def _needed(self, verdict: tuple[str, list[int]], more_seeds: int = 0) -> float:
+    def _needed(self, verdict: tuple[str, list[int]], more_seeds: int = 0) -> dict[int, float]:
         """Clean draws each step not found needs for `verdict` to stand. A separated top:
         enough to show that step's phi below every top step's (`clean_to_clear`: its
-        deviation rate bounds its |phi|, tested jointly with the top's seeds); a precise
-        verdict: a deviation bound within the target half-width. `more_seeds` asks what the
-        need would be after that many more seeds like the ones so far."""
+        deviation rate, times the share of its weight that reaches it at its recorded
+        request, bounds its |phi|; tested jointly with the top's seeds); a precise verdict:
+        a deviation bound within the target half-width. `more_seeds` asks what the need
+        would be after that many more seeds like the ones so far."""
+        unfound = self._unfound()
         if verdict[0] != "separated":
-            return DeviationScreen.clean_for(self.target, self.job.alpha)
-        alpha = self._clear_alpha
-        return max(self.shap.clean_to_clear(k, alpha, more_seeds) for k in verdict[1])
+            need = DeviationScreen.clean_for(self.target, self.job.alpha)
+            return {k: need for k in unfound}
+        shap, alpha = self.shap, self._clear_alpha
+        out: dict[int, float] = {}
+        for k in unfound:
+            reach = shap.reach(k, self.job.alpha * REACH_ALPHA)
+            out[k] = max(shap.clean_to_clear(t, alpha, more_seeds, reach) for t in verdict[1])
+        return out
+
+    def _short(self, verdict: tuple[str, list[int]]) -> dict[int, float]:
+        """The steps not found that lack clean draws `verdict` needs of them, and the draws
+        each needs."""
+        clean = self.screen.clean
+        return {k: n for k, n in self._needed(verdict).items() if clean.get(k, 0) < n}
 
     def _unfound(self) -> list[int]:
         """The resample steps the screen has not seen leave the tape."""
         return [k for k in self.screen.steps if k not in self.screen.hits]
-
-    def _fewest_clean(self) -> float:
-        """The clean draws of the step not found that has the fewest (inf: none is left)."""
-        return min((self.screen.clean.get(k, 0) for k in self._unfound()), default=math.inf)
 
     def _probe_rate(self, k: int) -> float:
         """The share of the complete Shapley seeds whose forks probed step k (reached it on
@@ -500,20 +514,24 @@ class HeldShapley(BaseStage):
 
     def _screen_next(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether the next forks should be the screen's rather than Shapley seeds, while a
-        verdict waits on its clearance: a screen fork gives the step with the fewest clean
-        draws one more; a fork of seeds gives it a probe where the seed's run reaches it on
-        the tape (the share of seeds so far that did) and lowers what the top needs (the
-        need after one more seed like the others). A precise verdict waits on the screen
-        alone."""
+        verdict waits on its clearance: a screen fork gives the step furthest short of its
+        clean draws one more; a fork of seeds gives it a probe where the seed's run reaches
+        it on the tape (the share of seeds so far that did) and lowers what the top needs
+        of it (the need after one more seed like the others). A precise verdict waits on
+        the screen alone."""
         if verdict[0] != "separated":
             return True
         shap, screen = self.shap, self.screen
         if not shap.complete_seeds():
             return False
-        weakest = min(self._unfound(), key=lambda k: screen.clean.get(k, 0))
-        need, later = self._needed(verdict), self._needed(verdict, more_seeds=1)
+        short = self._short(verdict)
+        if not short:
+            return False
+        weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
+        need = short[weakest]
         if need == math.inf:
             return False
+        later = self._needed(verdict, more_seeds=1)[weakest]
         gain = self._probe_rate(weakest) + max(0.0, need - later)
         return gain / max(1.0, shap.forks_per_seed()) <= 1.0
 
