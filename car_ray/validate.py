@@ -42,6 +42,10 @@ class ScenarioCheck:
     covered: int
     checked: int
     misses: list[str] = field(default_factory=list)
+    # Of `covered`/`checked`: the phi of the steps Shapley measured (ranked rows), the
+    # values a user reads as the answer (cleared steps' 0 +- b are covered almost always).
+    phi_covered: int = 0
+    phi_checked: int = 0
     # No step that chooses in some context (`Truth.players`) is shown as cleared (phi 0, no
     # rank) with a deviation bound that does not cover its exact phi.
     players_ok: bool = True
@@ -99,8 +103,12 @@ def score(
         else:
             misses.append(f"{label}: exact {exact:.3f} not in [{lo:.3f}, {hi:.3f}]")
 
+    phi_covered = phi_checked = 0
     for k, r in resample.items():
         s = truth.step(k)
+        if r["rank"] is not None and r["phi_lo"] is not None:
+            phi_checked += 1
+            phi_covered += _inside(s.phi, r["phi_lo"], r["phi_hi"])
         check(f"phi@{k}", s.phi, r["phi_lo"], r["phi_hi"])
         check(f"necessity@{k}", s.necessity, r["necessity_lo"], r["necessity_hi"])
         check(f"sufficiency@{k}", s.sufficiency, r["sufficiency_lo"], r["sufficiency_hi"])
@@ -147,6 +155,8 @@ def score(
         covered,
         checked,
         misses,
+        phi_covered,
+        phi_checked,
         players_ok=not unseen,
     )
 

@@ -47,6 +47,13 @@ def test_bench_quick_on_one_scenario(tmp_path: Any) -> None:
     for scheme in SCHEMES:
         assert scheme in printed
     assert "fewest forks" in printed and "wall time" in printed
+    # late_commit at 11 forks: auto is right (its cause is the only step that chooses), the
+    # live tail ties the cause with the steps before it and the pinned tail with the one
+    # that confirms it, so the comparison names it among those only auto reaches.
+    flat = " ".join(printed.split())
+    assert "where neither does (late_commit)" in flat, printed
+    measured = [r for r in rows if r["scheme"] == "auto"]
+    assert all(r["phi_checked"] >= 1 and r["phi_covered"] <= r["phi_checked"] for r in measured)
 
 
 def _row(step: int, value: float | None, rank: int | None, lo: float = 0.0) -> dict[str, Any]:
