@@ -473,7 +473,8 @@ class Summary:
     phi_covered: int  # the phi of the steps Shapley measured, inside their intervals
     phi_checked: int
     # Against the schemes other tools use (uniform-live, uniform-pinned): the scenarios with
-    # a cause where auto reaches the accuracy and neither of them does, and where both do.
+    # a cause where auto reaches the accuracy and neither of them does, and auto's ratio to
+    # the better of them where one does.
     beats_others: list[str]
     others_ratios: dict[str, float]
 

@@ -115,16 +115,14 @@ def test_clean_for_is_the_fewest_draws_under_a_bound() -> None:
     assert DeviationScreen.clean_for(2.8e-17, 0.05) > 10**15
 
 
-def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
-    """When the job says the top separated, the top is the exact one (jobs/echo: step 2,
-    phi 0.45; the echo at step 4 has phi 0) and every step the screen did not find shows
-    the clean draws that cleared it: at least what the joint test of its draws with the
-    top's seeds needs (`clean_to_clear`, from the top's seeds as the table gives them: one
-    candidate, so its flips are phi times the seeds)."""
+def test_a_separated_top_on_the_echo_scenario_is_the_root() -> None:
+    """jobs/echo: a goodwill credit over the cap (step 2, phi 0.45) and a reply that restates
+    it (step 4, phi 0). When a job says the top separated, the top is step 2 alone, and
+    every step the screen cleared shows phi 0 with its deviation bound around it (the
+    clearance itself is a joint test with the top's seeds: `clean_to_clear`)."""
     from car_ray.bench import _job_and_tape
     from car_ray.job import Job
     from car_ray.schedule import Budget
-    from car_ray.schedule._mechanism import clean_to_clear, exact_lower
     from car_ray.truth import run_local
 
     job, tape = _job_and_tape("jobs/echo/job.toml")
@@ -136,15 +134,10 @@ def test_a_separated_top_is_above_every_step_the_screen_did_not_find() -> None:
             continue
         stopped += 1
         rows = [r for r in outcome.attribution if r["intervention"] == "resample"]
-        (top,) = [r for r in rows if r["rank"] == 1]
-        assert top["step"] == 2
-        ranked = [r for r in rows if r["rank"] is not None]
-        if len(ranked) == 1:
-            flips, seeds = round(top["phi"] * top["phi_n"]), top["phi_n"]
-            need = clean_to_clear(lambda g, f=flips, n=seeds: exact_lower(f, n, g), 0.05)
-            for r in rows:
-                if r["rank"] is None and r["phi_hi"] is not None:
-                    assert r["necessity_n"] >= need, (seed, r["step"], r["necessity_n"], need)
+        assert [r["step"] for r in rows if r["rank"] == 1] == [2]
+        for r in rows:
+            if r["rank"] is None and r["phi_hi"] is not None:
+                assert r["phi"] == 0.0 and r["phi_lo"] < 0.0 < r["phi_hi"], r
     assert stopped >= 2
 
 
@@ -194,9 +187,11 @@ def test_the_weight_that_reaches_a_later_step_is_bounded_from_the_seeds() -> Non
     it comes before every candidate that left the tape in the seed: 1 / (1 + d) of them with
     d such candidates. Candidates 2 and 4 each leave the tape in half the seeds: for step 6
     the mean share is 1/4 + 1/2 * 1/2 + 1/4 * 1/3 = 7/12, for step 3 (after 2 only) 3/4, for
-    step 1 (before both) 1. Over 400 jobs of 30 seeds, `reach` at 1.25% lies above the true
-    share at least 98% of the time, and below 1 for the later steps most of the time (it
-    is what lets their clearance take fewer draws)."""
+    step 1 (before both) 1. The forks of a seed's chain show which candidates left the tape
+    (a draw no fork of the seed showed counts as staying on it). Over 400 jobs of 30
+    seeds, `reach` at 1.25% lies above the true share at least 98% of the time, and below 1
+    for the later steps most of the time (it is what lets their clearance take fewer
+    draws)."""
     rng = random.Random(7)
     truths = {6: 7 / 12, 3: 3 / 4}
     above = {6: 0, 3: 0}
@@ -208,7 +203,8 @@ def test_the_weight_that_reaches_a_later_step_is_bounded_from_the_seeds() -> Non
             for coalition in shap.coalitions(seed):
                 first = min(dirty & coalition, default=None)
                 shap.observe(seed, coalition, first is not None, first)
-            shap.dirty[seed] = set(dirty)  # every fork seen: each candidate's draw is known
+            seen = shap.dirty.get(seed, set())
+            assert seen <= dirty and bool(seen) == bool(dirty), (seen, dirty)
         assert shap.reach(1, 0.0125) == 1.0
         for step, share in truths.items():
             above[step] += shap.reach(step, 0.0125) >= share
@@ -288,33 +284,88 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
 
 
-def test_a_capped_job_begins_only_the_seeds_it_can_finish() -> None:
+def test_a_capped_job_begins_only_the_seeds_it_can_finish(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The estimates count complete seeds only, so a Shapley fork of a seed the budget cuts
     off half way is paid for and tells nothing. Under a cap, a seed is begun only when the
     forks left could finish it after the seeds begun. jobs/and_conj at 14 forks (three
-    candidates: a seed costs about 2.5 forks), 10 attribution seeds: most Shapley forks count
-    (before, 20 of 120 did: a window of first forks of new seeds, most never finished), and
+    candidates: a seed costs about 2.5 forks), 10 attribution seeds, side by side with the
+    same runs that begin seeds regardless of the cap: more of the Shapley forks count, and
     a job that stopped beginning seeds says its budget ended."""
     from car_ray.bench import _job_and_tape
     from car_ray.job import Job
-    from car_ray.schedule import Budget
+    from car_ray.schedule import Budget, Scheduler
     from car_ray.schedule._stages import SHAPLEY_SEEDS
     from car_ray.truth import run_local_scheduler
 
     base, tape = _job_and_tape("jobs/and_conj/job.toml")
-    forks = counted = 0
-    for seed in range(10):
+
+    def share_counted() -> float:
+        forks = counted = 0
+        for seed in range(10):
+            job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+            outcome, rows, scheduler = run_local_scheduler(job, tape, Budget(max_forks=14))
+            assert outcome.status == "budget_exhausted", (seed, outcome.status)
+            assert scheduler.seed_shapley is not None
+            complete = set(scheduler.seed_shapley.complete_seeds())
+            for row in rows:
+                if row["stage"] == "shapley":
+                    spec = ForkSpec.model_validate_json(row["spec"])
+                    forks += 1
+                    counted += spec.seed - scheduler.seed_base - SHAPLEY_SEEDS in complete
+        return counted / forks
+
+    with_rule = share_counted()
+    monkeypatch.setattr(Scheduler, "forks_left", lambda self: None)
+    without = share_counted()
+    assert with_rule > without + 0.1, (with_rule, without)
+
+
+def test_a_step_found_as_the_budget_ends_leaves_the_blame_measured_before_it() -> None:
+    """jobs/and_conj at 28 forks: a probe may find the last of its three candidates (step 4)
+    when too little budget is left to complete one seed of the Shapley over all three. The
+    job then shows the blame it measured over the steps found before (2 ranked first, an
+    exact top step), says step 4 was found and not measured, and claims no verdict; before,
+    it showed no ranked step at all."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local
+
+    base, tape = _job_and_tape("jobs/and_conj/job.toml")
+    late = 0
+    for seed in range(40):
         job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-        outcome, rows, scheduler = run_local_scheduler(job, tape, Budget(max_forks=14))
-        assert outcome.status == "budget_exhausted", (seed, outcome.status)
-        assert scheduler.seed_shapley is not None
-        complete = set(scheduler.seed_shapley.complete_seeds())
-        for row in rows:
-            if row["stage"] == "shapley":
-                spec = ForkSpec.model_validate_json(row["spec"])
-                forks += 1
-                counted += spec.seed - scheduler.seed_base - SHAPLEY_SEEDS in complete
-    assert counted / forks >= 0.35, (counted, forks)
+        outcome, _ = run_local(job, tape, Budget(max_forks=28))
+        if not any("were not measured" in n for n in outcome.notes):
+            continue
+        late += 1
+        rows = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
+        assert outcome.status == "budget_exhausted"
+        first = [k for k, r in rows.items() if r["rank"] == 1]
+        assert first and first[0] in (2, 4), (seed, first)
+        unmeasured = [k for k, r in rows.items() if r["phi"] is None]
+        assert unmeasured, seed
+        if late == 2:
+            break
+    assert late >= 1, "no seed of 40 found a step as the budget ended"
+
+
+def test_a_screen_that_gave_up_on_strays_asks_for_no_more_forks() -> None:
+    """Forks that leave the tape at steps they did not re-draw (nondeterminism outside the
+    seams) make the screen give up after three; it then asks for no fork, so a verdict
+    waiting on its clearance goes on with seeds, not with screen forks that cannot clear."""
+    from types import SimpleNamespace
+
+    from car_ray.schedule._stages import screen_forks
+
+    screen = DeviationScreen([0, 1, 2, 3], clean_needed=4)
+    for _ in range(3):
+        screen.observe([2, 3], 0)  # left the tape at step 0, which it did not re-draw
+    assert screen.strays == 3 and screen.block()
+    job = SimpleNamespace(screen=screen, _spec=lambda *a: pytest.fail("a fork was asked for"))
+    assert screen_forks(job, room=8, pending=0) == []  # type: ignore[arg-type]
 
 
 def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
@@ -446,7 +497,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
             assert again.values[seed][c] == _flips(c, draws[seed]), (seed, c)
     assert again.known(found, frozenset({2, 5}))
     assert again.values[found][frozenset({2, 5})] == _flips(frozenset({2, 5}), draws[found])
-    assert again.complete_seeds() == list(range(found)) or found in again.complete_seeds()
+    assert again.complete_seeds()[:found] == list(range(found))
 
 
 def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:

@@ -407,9 +407,9 @@ class SeedShapley:
         if above_zero and signs and all(apart(i, j) for i in top for j in rest):
             return "separated", [m[j] for j in top]
         if all(e.half_width <= target_half_width for e in own):
-            # Precise, but an answer only where the blame is shown above 0: a top whose
-            # interval reaches 0 may have no blame at all.
-            return "precise", [m[j] for j in top] if above_zero else []
+            # Precise, but an answer only where the blame is shown above 0: a step of the
+            # top whose interval reaches 0 may have no blame at all.
+            return "precise", [m[j] for j in top if (own[j].low or 0.0) > 0]
         return None
 
 

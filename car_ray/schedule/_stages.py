@@ -198,9 +198,9 @@ def screen_forks(
 ) -> list[Fork]:
     """Up to `room` forks of the screen's block (at most `most` in flight)."""
     assert job.screen is not None
-    block = job.screen.block()
-    if not block:
+    if job.screen.done():  # every step cleared, or it gave up on strays
         return []
+    block = job.screen.block()
     plan: dict[int, Intervention] = {k: Resample() for k in block}
     n = max(0, min(room, most - pending))
     return [("screen", job._spec("screen", "block", plan, "held")) for _ in range(n)]
@@ -208,9 +208,9 @@ def screen_forks(
 
 class HeldScreen(BaseStage):
     """Which steps ever choose differently: blocks of steps re-drawn together, held tail
-    (see `DeviationScreen`), until every step not found has its clean draws. Hands over to
-    `HeldShapley` over the steps it found; with none found, screens again to SCREEN_CLEAN
-    before it says no step makes a choice."""
+    (see `DeviationScreen`), until the first step found or every step has its clean draws.
+    Hands over to `HeldShapley` over the steps it found; with none found, screens again
+    to the first find or SCREEN_CLEAN before it says no step makes a choice."""
 
     name = "screen"
 
@@ -274,13 +274,20 @@ class HeldShapley(BaseStage):
     """Shapley blame over the steps the screen found, one seed at a time (see
     `SeedShapley`), until the top cause is separated or the intervals are precise, with
     the screen's clearance behind the verdict: every step the screen has not found has
-    a deviation bound (which bounds its |phi|) below the top's phi_lo, or below the
-    target half-width when the verdict is "precise". While it is not, each fork goes
-    where it narrows that gap most: a screen fork lowers the bound, a Shapley seed
-    raises phi_lo. When the screen finds another step, Shapley starts over (a new
-    `HeldShapley` over the steps found)."""
+    the clean draws that show its phi below the top's (`_needed`: `clean_to_clear` with
+    `SeedShapley.reach`), or a deviation bound within the target half-width when the
+    verdict is "precise". While it has not, each fork goes where it gives more
+    (`_screen_next`): a screen fork is one more clean draw, a seed a probe and a top that
+    needs fewer. When the screen finds another step, Shapley starts over (a new
+    `HeldShapley` over the steps found, keeping every row)."""
 
     name = "shapley"
+
+    def __init__(self, job: Scheduler, previous: SeedShapley | None = None) -> None:
+        super().__init__(job)
+        # The Shapley this one started over from (fewer candidates): its estimates are the
+        # answer if the budget ends before this one completes a seed.
+        self.previous = previous
 
     def start(self) -> None:
         super().start()
@@ -288,27 +295,33 @@ class HeldShapley(BaseStage):
         assert job.screen is not None
         self.screen = job.screen
         self.found = len(self.screen.candidates)
-        shap = SeedShapley(self.screen.candidates, job.alpha, salt=str(job.spec.attribution_seed))
+        shap = self._replayed()
         self.shap = shap
         job.seed_shapley = shap
         job.verdict = None
         job.candidates = list(shap.candidates)
-        # What earlier forks showed carries over to a Shapley that started over: a probe
-        # that drew a step's recorded action in a seed is that step's fresh draw there, and
-        # every row of an earlier Shapley is a coalition of this one's candidates.
-        if job.honours_seed:
-            first = job.seed_base + SHAPLEY_SEEDS
-            for fork_seed, k in sorted(self.screen.probes):
-                if k in shap.candidates and fork_seed >= first:
-                    shap.learn_clean(fork_seed - first, [k])
-        for spec, row in job._rows("shapley", "held"):
-            if self._seed(spec) >= 0:  # not a row of an older car-ray (the screen's seeds)
-                _observe(shap, self._seed(spec), spec, row, learn=job.honours_seed)
         self.pending: set[tuple[int, frozenset[int]]] = set()
         self.screening: set[str] = set()
         self.out_of_budget = False
         self.per_seed = max(1, len(shap.coalitions(0)))
         self.target = job.spec.target_half_width
+
+    def _replayed(self) -> SeedShapley:
+        """Shapley over the steps the screen has found, from what the job's forks showed so
+        far: a probe that drew a step's recorded action in a seed is that step's fresh draw
+        there, and every row of an earlier Shapley (over fewer candidates) is a coalition
+        of this one's."""
+        job, screen = self.job, self.screen
+        shap = SeedShapley(screen.candidates, job.alpha, salt=str(job.spec.attribution_seed))
+        if job.honours_seed:
+            first = job.seed_base + SHAPLEY_SEEDS
+            for fork_seed, k in sorted(screen.probes):
+                if k in shap.candidates and fork_seed >= first:
+                    shap.learn_clean(fork_seed - first, [k])
+        for spec, row in job._rows("shapley", "held"):
+            if self._seed(spec) >= 0:  # not a row of an older car-ray (the screen's seeds)
+                _observe(shap, self._seed(spec), spec, row, learn=job.honours_seed)
+        return shap
 
     def _seed(self, spec: ForkSpec) -> int:
         """Which seed of the Shapley stage a fork belongs to."""
@@ -347,6 +360,7 @@ class HeldShapley(BaseStage):
         shap, pending = self.shap, self.pending
         room = min(room, max(2 * self.per_seed, 8) - len(pending))
         left = self.job.forks_left()
+        self.out_of_budget = False  # reservations settle below their estimates: look again
         per_seed = max(1.0, shap.forks_per_seed())
         owed = 0.0  # forks the seeds begun may still need beyond those asked for now
         out: list[Fork] = []
@@ -363,6 +377,8 @@ class HeldShapley(BaseStage):
             if not begun and left is not None and left - len(out) - owed < per_seed:
                 self.out_of_budget = True  # what is left could not finish another seed
                 break
+            if not begun:
+                owed += per_seed - 1  # its other coalitions may follow its first
             todo = [first] if not begun else shap.coalitions(seed)
             for coalition in todo:
                 if len(out) >= room:
@@ -410,7 +426,7 @@ class HeldShapley(BaseStage):
         # leader sets what a verdict needs.
         near = [k for k, e in estimates.items() if (e[0].value or 0.0) >= lead / 2]
         needs = [self.shap.clean_to_clear(k, self._clear_alpha) for k in near]
-        need = max((n for n in needs if n < math.inf), default=math.inf)
+        need = max((n for n in needs if n < math.inf), default=0)
         if math.inf in needs:
             need = max(need, DeviationScreen.clean_for(lead / 2, self.job.alpha))
         return int(min(SCREEN_MOST, max(self.screen.clean_needed, need)))
@@ -436,17 +452,31 @@ class HeldShapley(BaseStage):
 
     def done(self, exhausted: bool) -> Next:
         shap, screen, job = self.shap, self.screen, self.job
-        if exhausted or self.out_of_budget:
-            if screen.candidates == shap.candidates:
-                # The budget ended: the verdict of every fork it paid for may stand all the
-                # same, and is then the job's answer.
-                verdict = shap.verdict(self.target)
-                if verdict is not None and self._may_stop() and self._stands(verdict):
-                    job.verdict = verdict
+        found = screen.candidates != shap.candidates
+        ended = exhausted or self.out_of_budget
+        previous = self.previous
+        if ended and not shap.complete_seeds() and previous and previous.complete_seeds():
+            # The budget ended before the Shapley over a step found late completed a seed:
+            # the one before it (that step held) is the answer there is, the step shown
+            # found and not measured; no verdict stands without it.
+            job.seed_shapley, job.candidates = previous, list(previous.candidates)
+            late = sorted(set(screen.candidates) - set(previous.candidates))
+            job.notes.append(
+                f"shapley: the budget ended before the Shapley over steps {screen.candidates} "
+                f"completed a seed: the blame shown is over {previous.candidates}, and "
+                f"step(s) {late} make choices but were not measured"
+            )
+            return Next(end="budget_exhausted")
+        if ended and not found:
+            # The budget ended: the verdict of every fork it paid for may stand all the
+            # same, and is then the job's answer.
+            verdict = shap.verdict(self.target)
+            if verdict is not None and self._may_stop() and self._stands(verdict):
+                job.verdict = verdict
             return Next(end="complete" if job.verdict is not None else "budget_exhausted")
         if len(screen.candidates) == self.found:
             return Next()
-        return Next(then=(HeldShapley(job),))
+        return Next(then=(HeldShapley(job, previous=shap if shap.complete_seeds() else previous),))
 
     def state(self) -> dict[str, Any]:
         return {"candidates": self.shap.candidates, "seeds": len(self.shap.complete_seeds())}
@@ -505,12 +535,11 @@ class HeldShapley(BaseStage):
     def _probe_rate(self, k: int) -> float:
         """The share of the complete Shapley seeds whose forks probed step k (reached it on
         the tape): how many clean draws of k a seed brings."""
-        seeds = len(self.shap.complete_seeds())
+        first = self.job.seed_base + SHAPLEY_SEEDS
+        seeds = {first + s for s in self.shap.complete_seeds()}
         if not seeds:
             return 0.0
-        first = self.job.seed_base + SHAPLEY_SEEDS
-        probed = sum(1 for s, j in self.screen.probes if j == k and first <= s < first + seeds)
-        return probed / seeds
+        return sum(1 for s, j in self.screen.probes if j == k and s in seeds) / len(seeds)
 
     def _screen_next(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether the next forks should be the screen's rather than Shapley seeds, while a
