@@ -542,3 +542,72 @@ def test_a_provider_that_ignores_seeds_teaches_nothing_about_other_coalitions() 
     _observe(unlearned, 0, spec, row, learn=False)
     assert learned.complete_seeds() == [0]
     assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [[1.0] * 2 + [0.0] * 18, [1.0] * 4 + [0.5] * 2 + [0.0] * 12 + [-1.0] * 2],
+    ids=["flips", "differences"],
+)
+def test_the_seeds_a_test_needs_are_where_its_interval_passes_zero(sample: list[float]) -> None:
+    """`_seeds_needed` projects when `mean_interval`'s lower end passes 0 if the mean and
+    spread of the seeds so far hold. The sample repeated (same mean, same spread) is shown
+    above 0 once it is a fifth past the projection, and not while it is a fifth short of it
+    (the slack is the t quantile against the normal one). A mean at or below 0 projects no
+    verdict."""
+    from car_ray.schedule._mechanism import _seeds_needed
+
+    alpha, base = 0.05, np.array(sample)
+    need = _seeds_needed(base, alpha)
+    assert 30 < need < 80, need
+
+    def low(copies: int) -> float:
+        interval = mean_interval(np.tile(base, copies), alpha, low=-1, high=1)
+        assert interval.low is not None
+        return interval.low
+
+    past = math.ceil(1.2 * need / base.size)
+    short = math.floor(0.8 * need / base.size)
+    assert low(past) > 0 and low(short) <= 0, (need, low(past), low(short))
+    assert _seeds_needed(-base, alpha) == math.inf
+    assert _seeds_needed(np.zeros(8), alpha) == math.inf
+
+
+def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Shapley fork in flight when the verdict comes is paid for and tells nothing. The
+    default job keeps about half the forks its verdict still needs in flight (one once its
+    tests pass), not a fixed window: jobs/and_conj and jobs/research_async, 8 attribution
+    seeds each, side by side with the same jobs at the whole window. Right answers (the
+    rank-1 step one of the exact top: `car-ray truth` gives 2 and 4 in and_conj, 4 and 6 in
+    research_async), fewer forks in all, never more in one job by more than a seed's
+    forks, and no fewer jobs that stopped on their own."""
+    from car_ray.bench import _job_and_tape, _verdict
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.schedule._stages import HeldShapley
+    from car_ray.truth import run_local
+
+    tops = {"and_conj": {2, 4}, "research_async": {4, 6}}
+
+    def runs() -> list[tuple[int, str | None, list[int]]]:
+        out = []
+        for name, top in tops.items():
+            base, tape = _job_and_tape(f"jobs/{name}/job.toml")
+            for seed in range(8):
+                job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+                outcome, _ = run_local(job, tape, Budget())
+                first = [
+                    r["step"]
+                    for r in outcome.attribution
+                    if r["intervention"] == "resample" and r["rank"] == 1
+                ]
+                assert len(first) == 1 and first[0] in top, (name, seed, first)
+                out.append((outcome.progress.spent.forks, _verdict(outcome.notes), first))
+        return out
+
+    narrowing = runs()
+    monkeypatch.setattr(HeldShapley, "_window", lambda self, per_seed: 8)
+    whole = runs()
+    assert sum(r[0] for r in narrowing) < 0.97 * sum(r[0] for r in whole), (narrowing, whole)
+    assert all(a[0] <= b[0] + 3 for a, b in zip(narrowing, whole, strict=True))
+    assert sum(r[1] == "separated" for r in narrowing) >= sum(r[1] == "separated" for r in whole)

@@ -375,6 +375,37 @@ class SeedShapley:
         # share known exactly.
         return min(1.0, float(share.mean()) + max(spread, z * z / (n + z * z)))
 
+    def _split(self, phi: np.ndarray) -> tuple[list[int], list[int], float]:
+        """The top (the leader by mean phi and every candidate the paired test cannot tell
+        from it), the rest (as indices of `candidates`), and the level of each pair's test:
+        alpha / (m - 1), Bonferroni over the leader's m - 1 rivals."""
+        m = len(self.candidates)
+        lead = int(np.argmax(phi.mean(axis=0)))
+        pair_alpha = self.alpha / max(1, m - 1)
+        top = [j for j in range(m) if j == lead or not _apart(phi[:, lead] - phi[:, j], pair_alpha)]
+        return top, [j for j in range(m) if j not in top], pair_alpha
+
+    def seeds_to_verdict(self) -> float:
+        """How many more seeds `verdict`'s tests would need if the seeds to come were like
+        those so far (each test's mean and spread held; the normal approximation of its t
+        bound and Wilson floor, the sign test left out): 0 once they pass, inf while they
+        cannot pass that way (a mean at or below 0) or before MIN_SEEDS seeds. The top is
+        today's: a rival the pairs cannot yet tell from the leader is projected as one of
+        the top. The Shapley stage keeps about half of what this leaves in flight."""
+        n = len(self.complete_seeds())
+        if not self.candidates:
+            return 0.0
+        if n < MIN_SEEDS:
+            return math.inf
+        phi, _, _ = self._per_seed()
+        if len(self.candidates) == 1:
+            # Wilson's lower end is above 0 from the first flip on.
+            return 0.0 if phi[:, 0].sum() > 0 else math.inf
+        top, rest, pair_alpha = self._split(phi)
+        needed = [_seeds_needed(phi[:, j], self.alpha) for j in top]
+        needed += [_seeds_needed(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest]
+        return max(0.0, max(needed) - n)
+
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
         ('precise', top) when every interval is within the target, None while neither holds.
@@ -391,16 +422,11 @@ class SeedShapley:
             return None
         phi, _, _ = self._per_seed()
         m = self.candidates
-        means = phi.mean(axis=0)
-        lead = int(np.argmax(means))
-        pair_alpha = self.alpha / max(1, len(m) - 1)
+        top, rest, pair_alpha = self._split(phi)
 
         def apart(i: int, j: int) -> bool:
-            d = mean_interval(phi[:, i] - phi[:, j], pair_alpha, low=-2.0, high=2.0)
-            return d.low is not None and d.low > 0
+            return _apart(phi[:, i] - phi[:, j], pair_alpha)
 
-        top = [j for j in range(len(m)) if j == lead or not apart(lead, j)]
-        rest = [j for j in range(len(m)) if j not in top]
         own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
         above_zero = all((own[j].low or 0.0) > 0 for j in top)
         signs = all(_signs_agree(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
@@ -510,6 +536,24 @@ def clean_to_clear(lower: Callable[[float], float], alpha: float, reach: float =
         # above * (1 - bound)^n <= c
         need = max(need, math.ceil(math.log(c / above) / math.log1p(-bound)))
     return need
+
+
+def _apart(diff: np.ndarray, alpha: float) -> bool:
+    """Whether paired differences are shown above 0 (`mean_interval`'s lower end at alpha)."""
+    d = mean_interval(diff, alpha, low=-2.0, high=2.0)
+    return d.low is not None and d.low > 0
+
+
+def _seeds_needed(values: np.ndarray, alpha: float) -> float:
+    """The seeds at which `mean_interval`'s lower end (at alpha, scale 1) would pass 0 if the
+    mean and spread of `values` held: past both the spread (z sd / mean)^2 and the Wilson
+    floor z^2 (1 / mean - 1). inf when the mean is not above 0."""
+    mean = float(values.mean())
+    if mean <= 0:
+        return math.inf
+    z = float(norm.isf(alpha / 2))
+    sd = float(values.std(ddof=1)) if values.size > 1 else 0.0
+    return max((z * sd / mean) ** 2, z * z * (1.0 / mean - 1.0))
 
 
 def _signs_agree(diff: np.ndarray, alpha: float) -> bool:

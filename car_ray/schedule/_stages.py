@@ -67,6 +67,7 @@ SHAPLEY_SEEDS = 1 << 31
 # (`SeedShapley.reach`); the rest goes to the joint test (`clean_to_clear`).
 REACH_ALPHA = 0.25
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
+SEEDS_IN_FLIGHT = 2  # Shapley seeds at once while the verdict is far (`HeldShapley._window`)
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 UNSCORED = frozenset({"divergence", "error", "provider_error"})
 
@@ -358,10 +359,10 @@ class HeldShapley(BaseStage):
         forks left could finish it after those begun: the estimates count complete seeds
         only, so a seed cut off half way is paid for and tells nothing."""
         shap, pending = self.shap, self.pending
-        room = min(room, max(2 * self.per_seed, 8) - len(pending))
+        per_seed = max(1.0, shap.forks_per_seed())
+        room = min(room, self._window(per_seed) - len(pending))
         left = self.job.forks_left()
         self.out_of_budget = False  # reservations settle below their estimates: look again
-        per_seed = max(1.0, shap.forks_per_seed())
         owed = 0.0  # forks the seeds begun may still need beyond those asked for now
         out: list[Fork] = []
         seed = 0
@@ -396,6 +397,22 @@ class HeldShapley(BaseStage):
                 out.append(("shapley", self.job._spec("shapley", key, plan, "held", fork_seed)))
             seed += 1
         return out
+
+    def _window(self, per_seed: float) -> int:
+        """Shapley forks in flight at once: up to SEEDS_IN_FLIGHT seeds' worth (at least 8
+        forks) while the verdict is far, about half the forks the seeds still needed for it
+        would take once it is near (`SeedShapley.seeds_to_verdict`), and one when it only
+        waits on clearance. A fork in flight when the verdict comes is paid for and tells
+        nothing; halving what is left keeps that waste to about half a look's forks, at the
+        cost of more, smaller rounds near the end (on a provider: wall time, not money).
+        `--more` keeps the whole window (it waits on widths, not on the verdict)."""
+        most = max(SEEDS_IN_FLIGHT * self.per_seed, 8)
+        if self.job.precise_only:
+            return most
+        seeds = self.shap.seeds_to_verdict()
+        if seeds == math.inf:
+            return most
+        return int(min(most, max(1, math.ceil(seeds * per_seed / 2))))
 
     def _probe_steps(self, fork_seed: int) -> list[int]:
         """The steps a fork probes: those not found that are short of the clean draws a
