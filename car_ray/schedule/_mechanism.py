@@ -366,14 +366,9 @@ class SeedShapley:
         share = np.array(
             [1.0 / (1 + sum(1 for j in self.dirty.get(s, ()) if j < step)) for s in seeds]
         )
-        if share.size < 2 or share.min() >= 1.0:
-            return 1.0
-        n = share.size
-        z = float(norm.isf(level))
-        spread = float(t.isf(level, n - 1)) * float(share.std(ddof=1)) / math.sqrt(n)
-        # Never closer to the mean than Wilson's margin: a handful of like seeds is not a
-        # share known exactly.
-        return min(1.0, float(share.mean()) + max(spread, z * z / (n + z * z)))
+        # `mean_lower`'s t bound, mirrored to an upper one: never closer to the mean than
+        # Wilson's margin (a handful of like seeds is not a share known exactly), 1 below two.
+        return -mean_lower(-share, level, low=-1.0)
 
     def _split(self, phi: np.ndarray) -> tuple[list[int], list[int], float]:
         """The top (the leader by mean phi and every candidate the paired test cannot tell

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -521,14 +521,20 @@ class HeldShapley(BaseStage):
         (`_signs_agree`)."""
         return self.job.alpha * (1 - REACH_ALPHA)
 
-    def _needed(self, verdict: tuple[str, list[int]], more_seeds: int = 0) -> dict[int, float]:
+    def _needed(
+        self,
+        verdict: tuple[str, list[int]],
+        more_seeds: int = 0,
+        steps: Sequence[int] | None = None,
+    ) -> dict[int, float]:
         """Clean draws each step not found needs for `verdict` to stand. A separated top:
         enough to show that step's phi below every top step's (`clean_to_clear`: its
         deviation rate, times the share of its weight that reaches it at its recorded
         request, bounds its |phi|; tested jointly with the top's seeds); a precise verdict:
         a deviation bound within the target half-width. `more_seeds` asks what the need
-        would be after that many more seeds like the ones so far."""
-        unfound = self._unfound()
+        would be after that many more seeds like the ones so far; `steps`, of those steps
+        alone (every step not found by default)."""
+        unfound = self._unfound() if steps is None else list(steps)
         if verdict[0] != "separated":
             need = DeviationScreen.clean_for(self.target, self.job.alpha)
             return {k: need for k in unfound}
@@ -577,7 +583,7 @@ class HeldShapley(BaseStage):
         need = short[weakest]
         if need == math.inf:
             return False
-        later = self._needed(verdict, more_seeds=1)[weakest]
+        later = self._needed(verdict, more_seeds=1, steps=[weakest])[weakest]
         gain = self._probe_rate(weakest) + max(0.0, need - later)
         return gain / max(1.0, shap.forks_per_seed()) <= 1.0
 
