@@ -35,7 +35,7 @@ class ScenarioCheck:
     forks: int
     status: str
     top_exact: list[int]
-    top_found: int | None
+    top_found: list[int]  # the steps ranked 1 (more than one when they share it)
     top_ok: bool
     arms_ok: bool
     control_ok: bool
@@ -85,11 +85,13 @@ def score(
     nothing = best <= SLACK
     top_exact = [s.step for s in truth.steps if not nothing and s.phi >= best - TIE]
     resample = {r["step"]: r for r in attribution if r["intervention"] == "resample"}
-    first = next((r["step"] for r in resample.values() if r["rank"] == 1), None)
+    # Rank 1 may be shared (steps the forks cannot tell apart): right only when every step
+    # that shares it is an exact top step.
+    first = [r["step"] for r in resample.values() if r["rank"] == 1]
     if nothing:
         top_ok = all((r["phi_lo"] or 0.0) <= SLACK for r in resample.values())
     else:
-        top_ok = first in top_exact
+        top_ok = bool(first) and all(step in top_exact for step in first)
     covered = checked = 0
     misses: list[str] = []
 
@@ -121,11 +123,11 @@ def score(
                 check(f"{kind}@{r['step']}", arm.flip, r["flip_lo"], r["flip_hi"])
         exact = {a.step: a.flip for a in truth.arms if a.kind == kind}
         top = max(exact.values(), default=0.0)
-        ranked_first = next((r["step"] for r in rows if r["rank"] == 1), None)
-        found = exact.get(ranked_first, -1.0) if ranked_first is not None else -1.0
+        ranked_first = [r["step"] for r in rows if r["rank"] == 1]
+        found = min((exact.get(step, -1.0) for step in ranked_first), default=-1.0)
         if top > SLACK and found < top - TIE:
             arms_ok = False
-            misses.append(f"{kind}: rank 1 is step {ranked_first}, exact best {exact}")
+            misses.append(f"{kind}: rank 1 is step(s) {ranked_first}, exact best {exact}")
     control_ok = not any("NEGATIVE CONTROL FAILED" in n for n in notes)
     # A player the screen missed by chance (it rarely leaves the tape) is honest while its
     # bound covers its phi; one outside it is a step the screen cannot see.
@@ -205,7 +207,7 @@ def validate(
                 line = (
                     f"{check.name}: {check.steps} steps, {check.forks} forks "
                     f"({check.status}); top exact {check.top_exact or 'none'}, found "
-                    f"{check.top_found}; covered {check.covered}/{check.checked}"
+                    f"{check.top_found or 'none'}; covered {check.covered}/{check.checked}"
                     + ("" if check.control_ok else "; NEGATIVE CONTROL FAILED")
                 )
                 console.print(f"{verdict} {escape(line)}")

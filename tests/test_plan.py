@@ -216,3 +216,8 @@ def test_steps_with_equal_blame_are_ranked_by_how_often_re_drawing_them_alone_cl
     rows = [row(2, 0.03, 0.03), row(4, 0.03, 0.06), row(6, 0.01, 0.5)]
     _rank(rows, "phi")
     assert [(r["step"], r["rank"]) for r in rows] == [(2, 2), (4, 1), (6, 3)]
+    # Equal in both (one seed in which nothing flipped): the forks cannot order them, so
+    # they share the rank, and the next step is ranked past them, not by step number.
+    rows = [row(6, -0.1, 0.0), row(4, 0.0, 0.0), row(2, 0.0, 0.0)]
+    _rank(rows, "phi")
+    assert [(r["step"], r["rank"]) for r in rows] == [(6, 3), (4, 1), (2, 1)]

@@ -54,6 +54,15 @@ def test_a_right_table_passes_and_a_wrong_top_fails(truth: Truth) -> None:
     # The submit tool ranked first: the relay the held game exists to rule out.
     wrong = score("research", truth, _table(truth, first=7), [], 80, "complete", 8)
     assert not wrong.passed and not wrong.top_ok
+    # Rank 1 shared by a top step and the submit tool (forks that could not tell them
+    # apart) is not the answer: every step that shares it must be an exact top step.
+    shared = _table(truth, first=4)
+    shared[7]["rank"] = 1
+    tied = score("research", truth, shared, [], 80, "complete", 8)
+    assert not tied.top_ok and tied.top_found == [4, 7]
+    both = _table(truth, first=4)
+    both[6]["rank"] = 1
+    assert score("research", truth, both, [], 80, "complete", 8).top_ok
     # A failed negative control fails the scenario whatever the table says.
     control = score(
         "research", truth, _table(truth, first=6), ["NEGATIVE CONTROL FAILED: x"], 80, "x", 8

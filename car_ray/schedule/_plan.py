@@ -734,19 +734,17 @@ class Scheduler:
             out.append(record)
         for kind in {r["intervention"] for r in out}:
             # Only what was measured is ranked: an arm without a fork has no place.
-            ranked = sorted(
-                (
+            _share_ranks(
+                [
                     r
                     for r in out
                     if r["intervention"] == kind and (r["phi"] is not None or r["flip_n"])
-                ),
-                key=lambda r: (
+                ],
+                lambda r: (
                     -(r["phi"] if r["phi"] is not None else float("-inf")),
                     -(r["flip_rate"] or 0.0),
                 ),
             )
-            for i, r in enumerate(ranked, start=1):
-                r["rank"] = i
         return sorted(out, key=_table_order)
 
     def _record(self, arm: Arm) -> dict[str, Any]:
@@ -847,12 +845,26 @@ def _interval(name: str, e: Interval) -> dict[str, Any]:
 def _rank(records: list[dict[str, Any]], key: str) -> None:
     """Rank measured records by `key` within each intervention kind (1 = first); records
     without a value get no rank. Equal values go by flip-rate (a re-drawn step's: its
-    necessity, how often re-drawing it alone clears the failure), then by step."""
+    necessity, how often re-drawing it alone clears the failure); records equal in both
+    share a rank (see `_share_ranks`)."""
     for kind in {r["intervention"] for r in records}:
-        measured = [r for r in records if r["intervention"] == kind and r[key] is not None]
-        measured.sort(key=lambda r: (-r[key], -(r.get("flip_rate") or 0.0), r["step"]))
-        for i, r in enumerate(measured, start=1):
-            r["rank"] = i
+        _share_ranks(
+            [r for r in records if r["intervention"] == kind and r[key] is not None],
+            lambda r: (-r[key], -(r.get("flip_rate") or 0.0)),
+        )
+
+
+def _share_ranks(
+    records: list[dict[str, Any]], order: Callable[[dict[str, Any]], tuple[float, ...]]
+) -> None:
+    """Competition ranks (1, 1, 3) by `order`: records the measurements cannot tell apart
+    share a rank, and the next rank skips past them. Steps tied at φ 0 with no flips (one
+    seed that flipped nowhere) are a tie, not a ranking by step number: a table whose rank
+    1 is the lowest step of a tie would name a cause the forks never saw."""
+    records.sort(key=lambda r: (order(r), r["step"]))
+    for i, r in enumerate(records):
+        same = i > 0 and order(records[i - 1]) == order(r)
+        r["rank"] = records[i - 1]["rank"] if same else i + 1
 
 
 def _table_order(r: dict[str, Any]) -> tuple[bool, str, int, int]:

@@ -472,18 +472,23 @@ class HeldShapley(BaseStage):
         found = screen.candidates != shap.candidates
         ended = exhausted or self.out_of_budget
         previous = self.previous
-        if ended and not shap.complete_seeds() and previous and previous.complete_seeds():
-            # The budget ended before the Shapley over a step found late completed a seed:
-            # the one before it (that step held) is the answer there is, the step shown
-            # found and not measured; no verdict stands without it.
-            job.seed_shapley, job.candidates = previous, list(previous.candidates)
-            late = sorted(set(screen.candidates) - set(previous.candidates))
-            job.notes.append(
-                f"shapley: the budget ended before the Shapley over steps {screen.candidates} "
-                f"completed a seed: the blame shown is over {previous.candidates}, and "
-                f"step(s) {late} make choices but were not measured"
-            )
-            return Next(end="budget_exhausted")
+        if (exhausted and found) or (ended and not shap.complete_seeds()):
+            # The budget ended before a step found late was measured: as the screen found
+            # it (no Shapley over it will begin), or before the Shapley over it completed a
+            # seed. The last game with a complete seed (that step held) is the answer there
+            # is, the step shown found and not measured; no verdict stands without it.
+            if not shap.complete_seeds() and previous and previous.complete_seeds():
+                shap = previous
+            late = sorted(set(screen.candidates) - set(shap.candidates))
+            if late and shap.complete_seeds():
+                job.seed_shapley, job.candidates = shap, list(shap.candidates)
+                job.notes.append(
+                    f"shapley: the budget ended before step(s) {late} were measured: the "
+                    f"blame shown is over {shap.candidates}, and step(s) {late} make "
+                    "choices but were not measured"
+                )
+                return Next(end="budget_exhausted")
+            shap = self.shap
         if ended and not found:
             # The budget ended: the verdict of every fork it paid for may stand all the
             # same, and is then the job's answer.
