@@ -522,7 +522,7 @@ class HeldShapley(BaseStage):
         the job's alpha, whatever number of clean draws the screen gathered (it tops them up
         to what the top's seeds ask for), less REACH_ALPHA for the bound on how much of the
         step's weight reaches it (`SeedShapley.reach`). The pairs of candidates are tested
-        at alpha / 2 a look, which the looks after every seed bring to about alpha
+        at alpha over the rivals, their signs however often they are looked at
         (`_signs_agree`)."""
         return self.job.alpha * (1 - REACH_ALPHA)
 
