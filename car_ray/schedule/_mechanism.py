@@ -556,12 +556,13 @@ def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
     outnumber those where j beat i, with 1/2 outside the time-uniform confidence sequence
     (`confidence_sequence`, Ville's inequality) on the share of wins among the seeds where
     they differ. Under a tie those seeds are fair coin flips whatever the game, so this errs
-    at most alpha over every look, in either direction (which is the leader is chosen by the
-    data). The verdict looks after every seed: a fixed-n test there (the binomial tail at
-    alpha / 2) erred 8.9% at a stated 5% on two steps that each clear the failure with
-    probability 0.2 (1,000 runs of up to 60 seeds); this one 1.7%. It asks for two or three
-    more agreeing seeds than the fixed test at 20 to 40 differing seeds, and 8 of 8 rather
-    than 6 of 6. The t interval beside it (`_apart`) tests the mean itself."""
+    at most alpha over every look, in either direction (the data choose which step leads).
+    The verdict looks after every seed: a fixed-n test there (the binomial tail at alpha / 2)
+    erred 8.9% at a stated 5% on two steps that each clear the failure with probability 0.2
+    (1,000 runs of up to 60 seeds), and 2.0% with three such steps; this one 1.7% and 0.3%.
+    It asks for two or three more agreeing seeds than the fixed test at 20 to 40 differing
+    seeds, and 8 of 8 rather than 6 of 6 (two candidates at 95%). The t interval beside it
+    (`_apart`) tests the mean itself."""
     wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
     return wins > losses and confidence_sequence(wins, wins + losses, alpha)[0] > 0.5
 
