@@ -418,14 +418,14 @@ class SeedShapley:
         phi, _, _ = self._per_seed()
         m = self.candidates
         top, rest, pair_alpha = self._split(phi)
-
-        def apart(i: int, j: int) -> bool:
-            return _apart(phi[:, i] - phi[:, j], pair_alpha)
-
         own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
         above_zero = all((own[j].low or 0.0) > 0 for j in top)
         signs = all(_signs_agree(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
-        if above_zero and signs and all(apart(i, j) for i in top for j in rest):
+        if (
+            above_zero
+            and signs
+            and all(_apart(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
+        ):
             return "separated", [m[j] for j in top]
         if all(e.half_width <= target_half_width for e in own):
             # Precise, but an answer only where the blame is shown above 0: a step of the

@@ -477,18 +477,16 @@ class HeldShapley(BaseStage):
             # it (no Shapley over it will begin), or before the Shapley over it completed a
             # seed. The last game with a complete seed (that step held) is the answer there
             # is, the step shown found and not measured; no verdict stands without it.
-            if not shap.complete_seeds() and previous and previous.complete_seeds():
-                shap = previous
-            late = sorted(set(screen.candidates) - set(shap.candidates))
-            if late and shap.complete_seeds():
-                job.seed_shapley, job.candidates = shap, list(shap.candidates)
+            shown = shap if shap.complete_seeds() or previous is None else previous
+            late = sorted(set(screen.candidates) - set(shown.candidates))
+            if late and shown.complete_seeds():
+                job.seed_shapley, job.candidates = shown, list(shown.candidates)
                 job.notes.append(
                     f"shapley: the budget ended before step(s) {late} were measured: the "
-                    f"blame shown is over {shap.candidates}, and step(s) {late} make "
+                    f"blame shown is over {shown.candidates}, and step(s) {late} make "
                     "choices but were not measured"
                 )
                 return Next(end="budget_exhausted")
-            shap = self.shap
         if ended and not found:
             # The budget ended: the verdict of every fork it paid for may stand all the
             # same, and is then the job's answer.
