@@ -7,9 +7,12 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,21 +30,36 @@ pytestmark = pytest.mark.usefixtures("ray_local")
 # How much longer a restarted worker takes to come up: long enough that a driver which kept
 # sending to it would see its batches fail for seconds.
 RESTART_S = 3.0
+# How long a `gated_restart_agent_*` worker Ray restarted waits for its gate file at most.
+GATE_S = 60.0
 LATENCY_S = 0.05
 DEADLINE_S = 120.0
 
 
+def _gate(token: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"car-ray-test-restart-gate-{token}"
+
+
 def __getattr__(name: str) -> Any:
     """The demo's agent, as a ForkWorker's constructor imports it. In a worker Ray restarted,
-    `slow_restart_agent` takes RESTART_S longer to import and `no_restart_agent` raises."""
-    if name not in ("slow_restart_agent", "no_restart_agent"):
+    `slow_restart_agent` takes RESTART_S longer to import, `no_restart_agent` raises, and
+    `gated_restart_agent_TOKEN` waits until the test creates `_gate(TOKEN)` (at most GATE_S):
+    the worker stays restarting for as long as the test needs it to."""
+    gated = name.startswith("gated_restart_agent_")
+    if not gated and name not in ("slow_restart_agent", "no_restart_agent"):
         raise AttributeError(name)
     import ray
 
     if ray.get_runtime_context().was_current_actor_reconstructed:
         if name == "no_restart_agent":
             raise RuntimeError("this agent cannot be imported twice")
-        time.sleep(RESTART_S)
+        if gated:
+            gate = _gate(name.removeprefix("gated_restart_agent_"))
+            until = time.monotonic() + GATE_S
+            while not gate.exists() and time.monotonic() < until:
+                time.sleep(0.05)
+        else:
+            time.sleep(RESTART_S)
     from support_refund.agent import support_agent
 
     return support_agent
@@ -149,7 +167,13 @@ def test_a_batch_sent_while_its_worker_restarts_runs_later_and_is_not_lost(
 ) -> None:
     import ray
 
-    executor = _executor(support_job, support_tape, sim, workers=1)
+    # The restarted worker comes up only once the test has seen the late batch come back
+    # unsent: how long Ray takes to say "restarting" varies (about 2 s a call in Ray 2.60).
+    token = uuid.uuid4().hex
+    gate = _gate(token)
+    executor = _executor(
+        support_job, support_tape, sim, workers=1, agent=f"gated_restart_agent_{token}"
+    )
     forks = _forks(support_tape)
     rows: list[dict[str, Any]] = []
     lost: list[Item] = []
@@ -177,8 +201,12 @@ def test_a_batch_sent_while_its_worker_restarts_runs_later_and_is_not_lost(
                     lost += result.items
                 else:
                     rows += result
+            if executor.rerouted_batches and not gate.exists():
+                gate.touch()
     finally:
+        gate.touch()  # a worker still waiting for it comes up and is killed
         executor.shutdown()
+        gate.unlink()
     # The batches that were running are lost; the one Ray never sent ran on the new worker.
     assert lost and {i.spec.task_id for i in lost}.isdisjoint(i.spec.task_id for i in late)
     assert executor.rerouted_batches >= 1
