@@ -179,7 +179,7 @@ def test_the_joint_clearance_errs_at_most_alpha() -> None:
     alpha = 0.05
     # And it asks fewer draws than a bound on q below the top's own lower bound, at the
     # same alpha split between the two: 6 flips in 30 seeds.
-    split = DeviationScreen.clean_for(exact_lower(6, 30, alpha / 2), alpha / 2)
+    split = DeviationScreen.clean_for(float(exact_lower(6, 30, np.array(alpha / 2))), alpha / 2)
     assert clean_to_clear(lambda g: exact_lower(6, 30, g), alpha) < split / 1.5
 
 

@@ -23,6 +23,7 @@ with the recorded draw's randomness). Two facts make it cheap:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -331,14 +332,14 @@ class SeedShapley:
             return _proportion(values, self.alpha, int(values.size))
         return mean_interval(values, self.alpha, low=-1.0, high=1.0)
 
-    def _phi_lower(self, values: np.ndarray, level: float) -> float:
-        """A one-sided lower bound on a candidate's phi at `level` (any level in (0, 1): above
-        1/2 it lies above the mean): exact for one candidate (each seed a 0/1 flip), else
-        the t bound of `_phi_interval`'s lower end."""
+    def _phi_lower(self, values: np.ndarray, levels: np.ndarray) -> np.ndarray:
+        """One-sided lower bounds on a candidate's phi, one at each of `levels` (any level in
+        (0, 1): above 1/2 it lies above the mean): exact for one candidate (each seed a 0/1
+        flip), else the t bound of `_phi_interval`'s lower end."""
         x = values[~np.isnan(values)]
         if len(self.candidates) == 1:
-            return exact_lower(float(x.sum()), int(x.size), level)
-        return mean_lower(x, level, low=-1.0)
+            return exact_lower(float(x.sum()), int(x.size), levels)
+        return mean_lower(x, levels, low=-1.0)
 
     def clean_to_clear(
         self, k: int, alpha: float, more_seeds: int = 0, reach: float = 1.0
@@ -351,7 +352,7 @@ class SeedShapley:
         values = phi[:, self.candidates.index(k)]
         if more_seeds and values.size:
             values = np.append(values, np.full(more_seeds, values.mean()))
-        return clean_to_clear(lambda level: self._phi_lower(values, level), alpha, reach)
+        return clean_to_clear(lambda levels: self._phi_lower(values, levels), alpha, reach)
 
     def reach(self, step: int, level: float) -> float:
         """An upper bound (one-sided at `level`) on the share of a step's Shapley weight in
@@ -368,7 +369,7 @@ class SeedShapley:
         )
         # `mean_lower`'s t bound, mirrored to an upper one: never closer to the mean than
         # Wilson's margin (a handful of like seeds is not a share known exactly), 1 below two.
-        return -mean_lower(-share, level, low=-1.0)
+        return -float(mean_lower(-share, np.array([level]), low=-1.0)[0])
 
     def _split(self, phi: np.ndarray) -> tuple[list[int], list[int], float]:
         """The top (the leader by mean phi and every candidate the paired test cannot tell
@@ -456,27 +457,27 @@ def mean_interval(
     return Interval(mean, max(low, mean - half), min(high, mean + half), n)
 
 
-def exact_lower(successes: float, n: int, level: float) -> float:
-    """The Clopper-Pearson one-sided lower bound on a Bernoulli mean at `level` (P(mean <
-    bound) <= level, exactly: the bound is where P(as many successes or more) = level), for
-    any level in (0, 1)."""
+def exact_lower(successes: float, n: int, levels: np.ndarray) -> np.ndarray:
+    """The Clopper-Pearson one-sided lower bound on a Bernoulli mean at each of `levels`
+    (P(mean < bound) <= level, exactly: the bound is where P(as many successes or more) =
+    level), for any level in (0, 1)."""
     if successes <= 0 or n == 0:
-        return 0.0
-    return float(beta.ppf(level, successes, n - successes + 1))
+        return np.zeros_like(levels, dtype=np.float64)
+    return np.asarray(beta.ppf(levels, successes, n - successes + 1), dtype=np.float64)
 
 
-def mean_lower(x: np.ndarray, level: float, *, low: float) -> float:
-    """`mean_interval`'s lower end as a one-sided bound at `level`: the t bound, never closer
-    to the mean than the Wilson margin while it lies below it (level < 1/2)."""
+def mean_lower(x: np.ndarray, levels: np.ndarray, *, low: float) -> np.ndarray:
+    """`mean_interval`'s lower end as a one-sided bound at each of `levels`: the t bound,
+    never closer to the mean than the Wilson margin where it lies below it (level < 1/2)."""
     n = int(x.size)
     if n < 2:
-        return low
+        return np.full_like(levels, low, dtype=np.float64)
     mean = float(x.mean())
-    spread = float(t.isf(level, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
-    if level < 0.5:
-        z = float(norm.isf(level))
-        spread = max(spread, z * z / (n + z * z))
-    return max(low, mean - spread)
+    spread = np.asarray(t.isf(levels, n - 1), dtype=np.float64) * float(x.std(ddof=1))
+    spread /= math.sqrt(n)
+    z = np.asarray(norm.isf(levels), dtype=np.float64)
+    spread = np.where(levels < 0.5, np.maximum(spread, z * z / (n + z * z)), spread)
+    return np.maximum(low, mean - spread)
 
 
 # Levels of the top's p-value at which `clean_to_clear` evaluates its bound: from the
@@ -499,7 +500,9 @@ def product_threshold(alpha: float) -> float:
     return low
 
 
-def clean_to_clear(lower: Callable[[float], float], alpha: float, reach: float = 1.0) -> float:
+def clean_to_clear(
+    lower: Callable[[np.ndarray], np.ndarray], alpha: float, reach: float = 1.0
+) -> float:
     """How many clean draws (and no deviation) of a step the screen has not found show, at
     level `alpha`, that its phi is below a top candidate's; `lower(level)` is the top's
     one-sided lower bound at `level`. inf if the top is not shown above 0 at the threshold.
@@ -516,21 +519,32 @@ def clean_to_clear(lower: Callable[[float], float], alpha: float, reach: float =
     [lower(g_i), lower(g_i+1)] is at most g_i+1 * (1 - lower(g_i))^n. A step whose |phi| is
     at most `reach` times its deviation rate (`SeedShapley.reach`) is below the top when
     that rate is below phi_top / reach: (1 - x / reach)^n for the first factor."""
-    c = product_threshold(alpha)
-    if lower(c) <= 0.0:
+    c, levels = _clear_levels(alpha)
+    lows = lower(levels)
+    if lows[0] <= 0.0:
         return math.inf
+    bounds = lows / reach
+    # Level i holds on [lower(g_i), lower(g_i+1)] with a p-value at most g_i+1.
+    above = np.append(levels[1:], 1.0)
+    keep = bounds < 1.0
+    if not keep.any():
+        return 1.0
+    # above * (1 - bound)^n <= c
+    need = np.ceil(np.log(c / above[keep]) / np.log1p(-bounds[keep]))
+    return max(1.0, float(need.max()))
+
+
+@functools.cache
+def _clear_levels(alpha: float) -> tuple[float, np.ndarray]:
+    """`clean_to_clear`'s threshold c for `alpha` and its levels: c, c * CLEAR_GRID_RATIO,
+    ... up to 0.99."""
+    c = product_threshold(alpha)
     levels = [c]
     while levels[-1] < 0.99:
         levels.append(min(0.99, levels[-1] * CLEAR_GRID_RATIO))
-    need = 1.0
-    for i, level in enumerate(levels):
-        bound = lower(level) / reach
-        above = levels[i + 1] if i + 1 < len(levels) else 1.0
-        if bound >= 1.0:
-            continue
-        # above * (1 - bound)^n <= c
-        need = max(need, math.ceil(math.log(c / above) / math.log1p(-bound)))
-    return need
+    grid = np.array(levels)
+    grid.setflags(write=False)  # shared by every call
+    return c, grid
 
 
 def _apart(diff: np.ndarray, alpha: float) -> bool:
