@@ -536,20 +536,13 @@ def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:
     (the Jeffreys mixture), 26.8 at 7 and 50.3 at 8, against 1 / 0.025 = 40: the verdict
     waits for the eighth seed (the uniform mixture took the ninth, a fixed-n test at each
     look the seventh). With one rival (step 2 alone, at 0.05: 20) the seventh is enough."""
-    shap = SeedShapley([2, 4, 6], 0.05, salt="s")
-    for seed in range(8):
-        for coalition in shap.coalitions(seed):
-            shap.observe(seed, coalition, 6 in coalition)
-        if seed == 6:
-            assert shap.verdict(0.01) is None
-    assert shap.verdict(0.01) == ("separated", [6])
-    pair = SeedShapley([2, 6], 0.05, salt="s")
-    for seed in range(7):
-        for coalition in pair.coalitions(seed):
-            pair.observe(seed, coalition, 6 in coalition)
-        if seed == 5:
-            assert pair.verdict(0.01) is None
-    assert pair.verdict(0.01) == ("separated", [6])
+    for candidates, seeds in (([2, 4, 6], 8), ([2, 6], 7)):
+        shap = SeedShapley(candidates, 0.05, salt="s")
+        for seed in range(seeds):
+            assert shap.verdict(0.01) is None, (candidates, seed)
+            for coalition in shap.coalitions(seed):
+                shap.observe(seed, coalition, 6 in coalition)
+        assert shap.verdict(0.01) == ("separated", [6]), candidates
 
 
 def test_a_verdict_looked_at_after_every_seed_errs_at_most_its_level_on_a_tie() -> None:
