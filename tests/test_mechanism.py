@@ -633,11 +633,12 @@ def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyP
     """A Shapley fork in flight when the verdict comes is paid for and tells nothing. The
     default job keeps about half the forks its verdict still needs in flight (one once its
     tests pass), not a fixed window: jobs/and_conj and jobs/research_async, attribution
-    seeds 20-35 each, side by side with the same jobs at the whole window (2,016 forks
-    against 2,172, 26 stops against 23). Seeds 0-7, which this used before the sign test
-    held at every look, are too few since: 1,054 against 1,065 and 9 stops against 11, one
-    whole-window job separating at 26 forks on a path where the screen never found a
-    third step; over seeds 20-59 the window saves 5 to 6% and stops 2 to 15 points more.
+    seeds 20-35 each, side by side with the same jobs at the whole window (1,920 forks
+    against 2,079, 27 stops against 26). Seeds 0-7, which this used before the sign test
+    held at every look, were too few with it: 1,054 against 1,065 and 9 stops against 11,
+    one whole-window job separating at 26 forks on a path where the screen never found a
+    third step; over seeds 20-59 (and support_refund) the window saves 7 to 8% and stops 0
+    to 8 points more.
     Right answers (the
     rank-1 step one of the exact top: `car-ray truth` gives 2 and 4 in and_conj, 4 and 6 in
     research_async), fewer forks in all, never more in one job by more than a seed's

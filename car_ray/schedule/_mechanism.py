@@ -567,23 +567,31 @@ def _seeds_needed(values: np.ndarray, alpha: float) -> float:
 
 
 def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
-    """The sign test, valid however often it is looked at: the seeds where i beat j
-    outnumber those where j beat i, and a test martingale of a fair coin on the seeds where
-    they differ has reached 1 / alpha. Under a tie those seeds are fair coin flips whatever
-    the game; the martingale is the likelihood ratio of p (the share of wins) against 1/2,
-    mixed over p with the Jeffreys prior Beta(1/2, 1/2) (Krichevsky and Trofimov's mixture:
-    its worst-case regret against the best p is the least of any prior's, to a constant),
-    so by Ville's inequality it ever reaches 1 / alpha with probability at most alpha, in
-    either direction (the data choose which step leads); a p below 1/2 only makes a wrong
-    "i beats j" rarer. The verdict looks after every seed: a fixed-n test there (the binomial
-    tail at alpha / 2) erred 8.9% at a stated 5% on two steps that each clear the failure
-    with probability 0.2 (1,000 runs of up to 60 seeds), and 2.0% with three such steps.
-    The prior puts more weight near p = 0 and 1 than the uniform one of
-    `confidence_sequence` (which this test used before): a rival the screen found that
-    never beats the top where they differ, the usual case, is separated a seed or two sooner
-    (7 agreeing seeds of 7 with two candidates at 95%, 8 of 8 with three, against 8 and 9),
-    at most one more win at 12 to 40 differing seeds. The t interval beside it (`_apart`)
-    tests the mean itself."""
+    """The sign test, valid however often it is looked at: that i comes out ahead of j on a
+    seed more often than j ahead of i (p, the share of i's wins among the seeds where they
+    differ, above 1/2). The seeds where i beat j outnumber the others, and a test martingale
+    of a fair coin on the seeds where they differ has reached 1 / alpha: the likelihood
+    ratio of p against 1/2, mixed over p with the Jeffreys prior Beta(1/2, 1/2)
+    (Krichevsky and Trofimov's mixture). By Ville's inequality it ever reaches 1 / alpha
+    with probability at most alpha at p = 1/2, in either direction (the data choose which
+    step leads); a p below 1/2 only makes a wrong "i beats j" rarer (the test's region
+    grows with the wins at each n).
+
+    What it does not show is the mean: a tie in phi is a fair coin here only when the
+    pair's per-seed differences are as likely to be +2 as -2 (always so in a game where
+    re-drawing one step never undoes another's flip: differences in {-1, 0, 1}). A tie in
+    mean with skewed differences is guarded by the t interval beside it (`_apart`), a
+    fixed-level test at each look.
+
+    The verdict looks after every seed: a fixed-n sign test there (the binomial tail at
+    alpha / 2) erred 8.9% at a stated 5% on two steps that each clear the failure with
+    probability 0.2 (1,000 runs of up to 60 seeds), and 2.0% with three such steps; this one
+    2.3% and 0.4%. Jeffreys' worst-case regret against the best p, 1/2 ln(pi n) at all
+    wins, is within 1/2 ln 2 of the least possible (Shtarkov's); the uniform prior
+    of `confidence_sequence` (which this test used before) has ln(n + 1). A rival the screen
+    found that never beats the top where they differ, the usual case, is separated one
+    differing seed sooner (7 of 7 with two candidates at 95%, 8 of 8 with three, against 8
+    and 9); with a loss or more it needs the same wins or one more (12 to 40 seeds)."""
     wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
     if wins <= losses:
         return False
