@@ -578,10 +578,11 @@ def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
     grows with the wins at each n).
 
     What it does not show is the mean: a tie in phi is a fair coin here only when the
-    pair's per-seed differences are as likely to be +2 as -2 (always so in a game where
-    re-drawing one step never undoes another's flip: differences in {-1, 0, 1}). A tie in
-    mean with skewed differences is guarded by the t interval beside it (`_apart`), a
-    fixed-level test at each look.
+    pair's per-seed differences are as likely to be above 0 as below it (on a permutation
+    chain, whose differences lie in {-2, ..., 2}: when +2 is as likely as -2, always so in a
+    game where re-drawing one step never undoes another's flip). A tie in mean with skewed
+    differences is guarded by the t interval beside it (`_apart`), a fixed-level test at
+    each look.
 
     The verdict looks after every seed: a fixed-n sign test there (the binomial tail at
     alpha / 2) erred 8.9% at a stated 5% on two steps that each clear the failure with
