@@ -35,6 +35,7 @@ from car_ray._scenario import ensure_tape
 from car_ray.bench import _quiet
 from car_ray.job import Job, load_job
 from car_ray.schedule import Budget, Scheduler
+from car_ray.tape import Tape
 from car_ray.truth import run_local_scheduler
 
 JOBS = ("long_tape", "research_async", "and_conj", "support_refund", "relay")
@@ -65,9 +66,8 @@ SCHEMES: dict[str, Callable[..., float]] = {"grid": GRID, "per level": per_level
 CALLS = {"per level": 0}
 
 
-def one(job: Job, scheme: str) -> dict[str, Any]:
+def one(job: Job, tape: Tape, scheme: str) -> dict[str, Any]:
     """One default run under `scheme`: its forks, verdict notes and CPU seconds."""
-    tape = ensure_tape(job)
     in_suggest = 0.0
     suggest = Scheduler.suggest
 
@@ -109,13 +109,16 @@ def run(argv: Sequence[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for name in args.jobs.split(","):
         base = load_job(ROOT / "jobs" / name / "job.toml")
+        tape = ensure_tape(base)  # recorded on first use, read once a job
         for seed in range(args.seeds):
             job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
             if seed == 0:
-                one(job, "grid")  # warm-up (the tape, imports), not counted
+                one(job, tape, "grid")  # warm-up (imports, caches), not counted
             # Each scheme goes first on every other seed: neither gains from the other's warmth.
             for scheme in list(SCHEMES)[:: 1 if seed % 2 == 0 else -1]:
-                results.append({"job": name, "seed": seed, "scheme": scheme, **one(job, scheme)})
+                results.append(
+                    {"job": name, "seed": seed, "scheme": scheme, **one(job, tape, scheme)}
+                )
     table = Table(title=f"scheduler CPU, default jobs, {args.seeds} seeds each (medians)")
     for col in (
         "job",
