@@ -69,9 +69,10 @@ REACH_ALPHA = 0.25
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 SEEDS_IN_FLIGHT = 2  # Shapley seeds at once while the verdict is far (`HeldShapley._window`)
 # Under a cap, the share of the forks left that Shapley puts in flight at once: a find (Shapley
-# starts over) or a verdict among their rows still has the rest to spend. (All of it at once:
-# and_conj at 7 forks ranked an exact top step first in 25 of 40 seeds, research_async at 8
-# in 19 of 40; half: 35 and 32. The default jobs, seeds 20-59: the same mean forks within 0.1.)
+# starts over) or a verdict among their rows still has the rest to spend. (Attribution seeds
+# 0-39, all of it at once: and_conj at 7 forks ranked an exact top step first in 25,
+# research_async at 8 in 19; half: 35 and 32. Six default jobs, seeds 20-59: the same mean
+# forks within 0.1.)
 IN_FLIGHT_OF_LEFT = 0.5
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 UNSCORED = frozenset({"divergence", "error", "provider_error"})
