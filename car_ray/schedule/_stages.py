@@ -68,11 +68,11 @@ SHAPLEY_SEEDS = 1 << 31
 REACH_ALPHA = 0.25
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 SEEDS_IN_FLIGHT = 2  # Shapley seeds at once while the verdict is far (`HeldShapley._window`)
-# Under a cap, the share of the forks left that Shapley puts in flight at once: a find (Shapley
-# starts over) or a verdict among their rows still has the rest to spend. (Attribution seeds
-# 0-39, all of it at once: and_conj at 7 forks ranked an exact top step first in 25,
-# research_async at 8 in 19; half: 35 and 32. Six default jobs, seeds 20-59: the same mean
-# forks within 0.1.)
+# The share of the forks its caps leave unspent (in flight or not begun) that Shapley has in
+# flight at once: a find among their rows (Shapley starts over) still has the rest to spend.
+# (Attribution seeds 0-39: and_conj at 7 forks ranks an exact top step first in 35 against 25
+# with every fork at once, research_async at 8 in 32 against 19; six default jobs, seeds
+# 20-59: mean forks within 0.1.)
 IN_FLIGHT_OF_LEFT = 0.5
 ARM_FORKS = 8  # forks of an arm whose forks are not deterministic
 UNSCORED = frozenset({"divergence", "error", "provider_error"})
@@ -411,14 +411,16 @@ class HeldShapley(BaseStage):
         waits on clearance. A fork in flight when the verdict comes is paid for and tells
         nothing; halving what is left keeps that waste to about half a look's forks, at the
         cost of more, smaller rounds near the end (on a provider: wall time, not money).
-        `--more` keeps the whole window (it waits on widths, not on the verdict). Under a
-        cap, never more than IN_FLIGHT_OF_LEFT of the forks left: at a small budget the
-        first forks of a Shapley often find another step (it starts over), and forks in
-        flight then were spent on the game it leaves."""
+        `--more` keeps the window the caps allow (it waits on widths, not on the verdict).
+        The caps (every job has a fork cap) allow about IN_FLIGHT_OF_LEFT of the forks they
+        leave unspent (rounded up, at least one): at a small budget the first forks of a
+        Shapley often find another step (it starts over), and forks in flight then were
+        spent on the game it leaves."""
         most = max(SEEDS_IN_FLIGHT * self.per_seed, 8)
-        left = self.job.forks_left()
+        left = self.job.forks_left()  # beside those in flight
         if left is not None:
-            most = min(most, max(1, math.ceil(left * IN_FLIGHT_OF_LEFT)))
+            unspent = left + len(self.pending)
+            most = min(most, max(1, math.ceil(unspent * IN_FLIGHT_OF_LEFT)))
         if self.job.precise_only:
             return most
         seeds = self.shap.seeds_to_verdict()
