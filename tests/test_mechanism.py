@@ -706,7 +706,7 @@ def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyP
         return out
 
     narrowing = runs()
-    monkeypatch.setattr(HeldShapley, "_window", lambda self, per_seed: 8)
+    monkeypatch.setattr(HeldShapley, "_window", lambda self, per_seed, left: 8)
     whole = runs()
     assert sum(r[0] for r in narrowing) < 0.97 * sum(r[0] for r in whole), (narrowing, whole)
     assert all(a[0] <= b[0] + 3 for a, b in zip(narrowing, whole, strict=True)), (narrowing, whole)

@@ -366,8 +366,8 @@ class HeldShapley(BaseStage):
         only, so a seed cut off half way is paid for and tells nothing."""
         shap, pending = self.shap, self.pending
         per_seed = max(1.0, shap.forks_per_seed())
-        room = min(room, self._window(per_seed) - len(pending))
         left = self.job.forks_left()
+        room = min(room, self._window(per_seed, left) - len(pending))
         self.out_of_budget = False  # reservations settle below their estimates: look again
         owed = 0.0  # forks the seeds begun may still need beyond those asked for now
         out: list[Fork] = []
@@ -404,7 +404,7 @@ class HeldShapley(BaseStage):
             seed += 1
         return out
 
-    def _window(self, per_seed: float) -> int:
+    def _window(self, per_seed: float, left: float | None) -> int:
         """Shapley forks in flight at once: up to SEEDS_IN_FLIGHT seeds' worth (at least 8
         forks) while the verdict is far, about half the forks the seeds still needed for it
         would take once it is near (`SeedShapley.seeds_to_verdict`), and one when it only
@@ -417,8 +417,7 @@ class HeldShapley(BaseStage):
         Shapley often find another step (it starts over), and forks in flight then were
         spent on the game it leaves."""
         most = max(SEEDS_IN_FLIGHT * self.per_seed, 8)
-        left = self.job.forks_left()  # beside those in flight
-        if left is not None:
+        if left is not None:  # `Scheduler.forks_left`: beside those in flight
             unspent = left + len(self.pending)
             most = min(most, max(1, math.ceil(unspent * IN_FLIGHT_OF_LEFT)))
         if self.job.precise_only:
