@@ -390,6 +390,55 @@ def test_a_step_found_as_the_budget_ends_leaves_the_blame_measured_before_it() -
     assert late >= 1, "no seed of 40 found a step as the budget ended"
 
 
+def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """jobs/research_async at 16 forks: probes find steps 2, 4 and 6 one after another, and
+    the Shapley over all three often ends with one or two complete seeds, those that stayed
+    on the tape and blame nothing (every candidate tied at phi 0). The game before it, with
+    more seeds, answers then (`_stages.answering`): over attribution seeds 0-19 the first
+    row is an exact top step, above every other (`bench.top1`), in at least 19 (measured
+    19), and two more than with the last game always shown (measured 17); each job it
+    answered says which steps were not measured, ranks none of them and claims no verdict.
+    A last game whose few seeds blame something still answers (`answering`'s docstring:
+    jobs/overdetermined at 18 forks)."""
+    from car_ray import _aio
+    from car_ray.bench import _job_and_tape, top1, top_exact
+    from car_ray.job import Job
+    from car_ray.schedule import Budget, _stages
+    from car_ray.truth import run_local, solve
+
+    base, tape = _job_and_tape("jobs/research_async/job.toml")
+    top = top_exact(_aio.run(solve(base, tape)))
+
+    def right() -> tuple[int, int]:
+        got = answered = 0
+        for seed in range(20):
+            job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+            outcome, _ = run_local(job, tape, Budget(max_forks=16))
+            got += top1("auto", outcome.attribution, top)[1]
+            note = next((n for n in outcome.notes if "a verdict looks at" in n), None)
+            if note is None:
+                continue
+            answered += 1
+            rows = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
+            unmeasured = [k for k, r in rows.items() if r["phi"] is None and k in (2, 4, 6)]
+            assert unmeasured and f"step(s) {unmeasured} make choices" in note, (seed, note)
+            assert all(rows[k]["rank"] is None for k in unmeasured), seed
+            assert outcome.status == "budget_exhausted", seed
+        return got, answered
+
+    got, answered = right()
+
+    def last_always(later: SeedShapley, earlier: SeedShapley | None) -> SeedShapley:
+        none = earlier is not None and earlier.complete_seeds() and not later.complete_seeds()
+        return earlier if none and earlier is not None else later
+
+    monkeypatch.setattr(_stages, "answering", last_always)
+    before, _ = right()
+    assert answered >= 1 and got >= 19 and got >= before + 2, (got, answered, before)
+
+
 def test_a_step_found_by_the_last_fork_the_budget_allows_is_named_as_not_measured() -> None:
     """jobs/relay at 18 forks: a probe in the last Shapley forks may find step 6 when no
     fork is left, so no Shapley over it begins. The table keeps the blame over step 2, and
