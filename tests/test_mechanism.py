@@ -397,9 +397,10 @@ def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before
     the Shapley over all three often ends with one or two complete seeds, those that stayed
     on the tape and blame nothing (every candidate tied at phi 0). The game before it, with
     more seeds, answers then (`_stages.answering`): over attribution seeds 0-19 the first
-    row is an exact top step, above every other (`bench.top1`), in at least 19 (measured
-    19), and two more than with the last game always shown (measured 17); each job it
-    answered says which steps were not measured, ranks none of them and claims no verdict.
+    row is an exact top step, above every other (`bench.top1`), in at least 18 (measured
+    19), and more than with the last game always shown (measured 17); each job it answered
+    says which steps were measured in too few seeds, ranks none of them and claims no
+    verdict.
     A last game whose few seeds blame something still answers (`answering`'s docstring:
     jobs/overdetermined at 18 forks)."""
     from car_ray import _aio
@@ -423,7 +424,8 @@ def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before
             answered += 1
             rows = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
             unmeasured = [k for k, r in rows.items() if r["phi"] is None and k in (2, 4, 6)]
-            assert unmeasured and f"step(s) {unmeasured} make choices" in note, (seed, note)
+            late = f"step(s) {unmeasured} make choices but were measured in only"
+            assert unmeasured and late in note, (seed, note)
             assert all(rows[k]["rank"] is None for k in unmeasured), seed
             assert outcome.status == "budget_exhausted", seed
         return got, answered
@@ -436,7 +438,7 @@ def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before
 
     monkeypatch.setattr(_stages, "answering", last_always)
     before, _ = right()
-    assert answered >= 1 and got >= 19 and got >= before + 2, (got, answered, before)
+    assert answered >= 1 and got >= 18 and got > before, (got, answered, before)
 
 
 def test_a_step_found_by_the_last_fork_the_budget_allows_is_named_as_not_measured() -> None:

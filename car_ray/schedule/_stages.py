@@ -494,18 +494,21 @@ class HeldShapley(BaseStage):
             late = sorted(set(screen.candidates) - set(shown.candidates))
             if late and shown.complete_seeds():
                 job.seed_shapley, job.candidates = shown, list(shown.candidates)
-                if shown is shap or not shap.complete_seeds():
+                seeds = len(shap.complete_seeds())
+                if shown is shap or not seeds:
                     why = f"the budget ended before step(s) {late} were measured"
+                    how = "were not measured"
                 else:
                     why = (
-                        f"the budget ended with {len(shap.complete_seeds())} complete seed(s) "
-                        f"of the Shapley over {shap.candidates}, blaming no step, fewer than "
-                        f"the {MIN_SEEDS} a verdict looks at and than the "
-                        f"{len(shown.complete_seeds())} over {shown.candidates}"
+                        f"the budget ended with {seeds} complete seed(s) of the Shapley over "
+                        f"{shap.candidates}, none blaming any step, fewer than the {MIN_SEEDS} "
+                        f"a verdict looks at and than the {len(shown.complete_seeds())} over "
+                        f"{shown.candidates}"
                     )
+                    how = f"were measured in only {seeds} seed(s)"
                 job.notes.append(
                     f"shapley: {why}: the blame shown is over {shown.candidates}, and step(s) "
-                    f"{late} make choices but were not measured"
+                    f"{late} make choices but {how}"
                 )
                 return Next(end="budget_exhausted")
         if ended and not found:
@@ -624,13 +627,16 @@ def answering(later: SeedShapley, earlier: SeedShapley | None) -> SeedShapley:
     """Of a Shapley and the one it started over from (over fewer candidates, the steps found
     since held), the one whose blame answers if the budget ends: the later, unless its
     complete seeds are fewer than a verdict looks at (MIN_SEEDS) and than the earlier's, and
-    blame nothing (no coalition of them flipped: every candidate tied at phi 0, the seeds
-    that stayed on the tape and so completed first). Then the earlier ranks what its seeds
+    blame nothing (no coalition of them flipped: every candidate tied at phi 0). Under a
+    tight cap that is common: a seed whose forks stay on the tape is settled in one fork,
+    one that leaves it needs more, so the complete seeds (0, 1, ... up to the first that is
+    not) tend to end where a seed left the tape. The earlier then ranks what its seeds
     measured: jobs/research_async at 16 forks ranks an exact top step first in 38 of
-    attribution seeds 0-39 against 36 with the later's always (`bench.top1`). A later game
-    whose few seeds blame something answers: holding a step found late is no neutral
-    choice (in an over-determined failure it hides the other cause), and with the earlier's
-    blame instead, jobs/overdetermined at 18 forks was right in 33 against 39."""
+    attribution seeds 0-39 against 36 with the later's always (`bench.top1`; the seeds the
+    rule was chosen on). A later game whose few seeds blame something answers: holding a
+    step found late is no neutral choice (in an over-determined failure it hides the other
+    cause), and with the earlier's blame instead, jobs/overdetermined at 18 forks was right
+    in 33 against 39."""
     if earlier is None:
         return later
     seeds = later.complete_seeds()
