@@ -433,8 +433,10 @@ def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before
     got, answered = right()
 
     def last_always(later: SeedShapley, earlier: SeedShapley | None) -> SeedShapley:
-        none = earlier is not None and earlier.complete_seeds() and not later.complete_seeds()
-        return earlier if none and earlier is not None else later
+        # The rule before: the earlier only when the later has no complete seed at all.
+        if earlier is not None and earlier.complete_seeds() and not later.complete_seeds():
+            return earlier
+        return later
 
     monkeypatch.setattr(_stages, "answering", last_always)
     before, _ = right()
