@@ -3,9 +3,13 @@ allocation, on every scenario whose exact values are known.
 
 For each scenario job (a simulated policy: `validate.suite()` by default) the exact values
 are enumerated once (`truth.solve`). Then, for every budget of a log grid (F forks a step of
-the tape: F in 1, 2, 4, 8; `--quick`: 1, 4, 8; a budget is at most `max_budget` = 256
-forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one attribution job runs
-in a worker process (`truth.run_local`, no Ray) under `Budget(max_forks=budget)`, four ways:
+the tape, rounded up: F in 1/4, 1/2, 1, 2, 4, 8; `--quick`: 1/2, 1, 4, 8; a budget is at most
+`max_budget` = 256 forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one
+attribution job runs in a worker process (`truth.run_local`, no Ray) under
+`Budget(max_forks=budget)`, four ways (the uniform schemes only where F >= 1: k forks of
+every arm needs k >= 1, and below one fork a step a uniform scheme leaves steps unmeasured,
+so what it ranks first depends on the order of the steps; auto's screen tests blocks of
+steps in one fork, so it can answer with fewer forks than the tape has steps):
 
   auto            car-ray's adaptive scheduler (method "auto": screen, Shapley on the held
                   game one seed at a time, the other arms with a held tail); it stops when
@@ -88,8 +92,8 @@ Scheme = Literal["auto", "uniform-live", "uniform-pinned", "uniform-held"]
 SCHEMES: tuple[Scheme, ...] = ("auto", "uniform-live", "uniform-pinned", "uniform-held")
 # The uniform schemes other tools use (uniform-held is car-ray's own game, uniformly spent).
 OTHER_TOOLS: tuple[Scheme, ...] = ("uniform-live", "uniform-pinned")
-FORKS_PER_STEP = (1, 2, 4, 8)  # auto's uncapped run (10 forks a step) is the next point
-QUICK_FORKS_PER_STEP = (1, 4, 8)
+FORKS_PER_STEP = (0.25, 0.5, 1, 2, 4, 8)  # auto's uncapped run (10 forks a step) is the next
+QUICK_FORKS_PER_STEP = (0.5, 1, 4, 8)
 SEEDS = 20
 QUICK_SEEDS = 5
 MAX_BUDGET = 256  # no budget above this many forks
@@ -104,7 +108,7 @@ SCHEMA = pa.schema(
         pa.field("scenario", pa.string(), nullable=False),
         pa.field("scheme", pa.string(), nullable=False),
         # The grid point (forks a step of the tape) and its cap; both null for the default run.
-        pa.field("forks_per_step", pa.int32()),
+        pa.field("forks_per_step", pa.float64()),
         pa.field("budget", pa.int64()),
         pa.field("default_budget", pa.bool_(), nullable=False),
         pa.field("uniform_k", pa.int32()),  # uniform schemes: forks of every arm
@@ -141,7 +145,7 @@ class Task:
     job_file: str
     scenario: str
     scheme: Scheme
-    forks_per_step: int | None
+    forks_per_step: float | None
     budget: int | None
     uniform_k: int | None
     seed: int
@@ -356,23 +360,24 @@ class Scenario:
     steps: int
     arms: int
     seeds: int
-    grid: list[tuple[int, int]]  # (forks a step, budget), budgets distinct and increasing
+    grid: list[tuple[float, int]]  # (forks a step, budget), budgets distinct and increasing
 
 
 def plan_scenario(
-    job_file: Path, grid: Sequence[int], seeds: int, long_seeds: int, max_budget: int | None
+    job_file: Path, grid: Sequence[float], seeds: int, long_seeds: int, max_budget: int | None
 ) -> Scenario:
-    """The scenario's budgets (F x steps, at most max_budget) and seeds (at most long_seeds
-    for a tape over LONG_STEPS steps)."""
+    """The scenario's budgets (F x steps rounded up, at most max_budget) and seeds (at most
+    long_seeds for a tape over LONG_STEPS steps)."""
     from ._scenario import ensure_tape
 
     job = load_job(job_file)
     tape = ensure_tape(job)
     steps, arms = len(tape.steps), len(job_arms(job, tape))
     long = steps > LONG_STEPS
-    points: list[tuple[int, int]] = []
+    points: list[tuple[float, int]] = []
     for f in sorted(grid):
-        budget = f * steps if max_budget is None else min(f * steps, max_budget)
+        budget = math.ceil(f * steps)
+        budget = budget if max_budget is None else min(budget, max_budget)
         if not points or budget > points[-1][1]:
             points.append((f, budget))
     n = min(seeds, long_seeds) if long else seeds
@@ -384,7 +389,7 @@ def tasks_of(s: Scenario) -> list[Task]:
     for seed in range(s.seeds):
         out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, 10.0 * s.steps**2))
         for f, budget in s.grid:
-            for scheme in SCHEMES:
+            for scheme in SCHEMES if f >= 1 else SCHEMES[:1]:
                 k = None if scheme == "auto" else max(1, budget // s.arms)
                 out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, budget * s.steps))
     return out
@@ -554,7 +559,7 @@ def accuracy_tables(
         for s in scenarios:
             table.add_column(escape(f"{s.name}\n{s.steps} st, {s.seeds} seeds"), justify="right")
         for f in levels:
-            line = [str(f)]
+            line = [f"{f:g}"]
             for s in scenarios:
                 budget = dict(s.grid).get(f)
                 cell = cells.get((s.name, scheme, budget)) if budget is not None else None
@@ -705,7 +710,7 @@ def main(
     quick: bool = False,
     scenarios: Sequence[str] | None = None,
     seeds: int | None = None,
-    forks_per_step: Sequence[int] | None = None,
+    forks_per_step: Sequence[float] | None = None,
     max_budget: int | None = MAX_BUDGET,
     long_seeds: int | None = None,
     processes: int = 2,
@@ -718,9 +723,10 @@ def main(
 
     job_files: scenario jobs (default `validate.suite()`); scenarios: keep only the jobs
     whose folder has one of these names; seeds: R, the attribution seeds 0..R-1 (20, quick
-    5); forks_per_step: the grid F (1 2 4 8, quick 1 4 8), a budget being F x the tape's
-    steps, at most `max_budget` forks (None: no cap); long_seeds: the most seeds a tape over
-    32 steps runs (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names it);
+    5); forks_per_step: the grid F (0.25 0.5 1 2 4 8, quick 0.5 1 4 8), a budget being F x
+    the tape's steps rounded up, at most `max_budget` forks (None: no cap; the uniform
+    schemes run only where F >= 1); long_seeds: the most seeds a tape over 32 steps runs
+    (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names it);
     processes: worker processes (1: all in this one)."""
     if console is None:
         console = Console()

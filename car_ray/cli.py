@@ -1167,7 +1167,7 @@ def bench_cmd(
         list[Path] | None, typer.Argument(help="scenario job files (default: jobs/*/job.toml)")
     ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="forks a step 1 4 8, 5 seeds, no long tape")
+        bool, typer.Option("--quick", help="forks a step 0.5 1 4 8, 5 seeds, no long tape")
     ] = False,
     scenario: Annotated[
         list[str] | None, typer.Option("--scenario", help="only jobs/NAME (repeatable)")
@@ -1176,8 +1176,12 @@ def bench_cmd(
         int | None, typer.Option(min=1, help="attribution seeds (default 20, quick 5)")
     ] = None,
     forks_per_step: Annotated[
-        list[int] | None,
-        typer.Option("--forks-per-step", min=1, help="a budget on the grid (repeatable)"),
+        list[float] | None,
+        typer.Option(
+            "--forks-per-step",
+            min=0.01,
+            help="a budget on the grid, F forks a step (repeatable; uniform runs F >= 1)",
+        ),
     ] = None,
     processes: Annotated[int, typer.Option(min=1, help="worker processes")] = 2,
     out: Annotated[Path, typer.Option(help="folder for accuracy.parquet and accuracy.png")] = Path(

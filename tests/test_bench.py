@@ -21,7 +21,7 @@ def test_bench_quick_on_one_scenario(tmp_path: Any) -> None:
         [ROOT / "jobs" / "late_commit" / "job.toml"],
         quick=True,
         seeds=2,
-        forks_per_step=[1],
+        forks_per_step=[0.5, 1],
         processes=2,
         out=tmp_path,
         console=Console(file=text, width=200),
@@ -33,15 +33,19 @@ def test_bench_quick_on_one_scenario(tmp_path: Any) -> None:
     rows = table.to_pylist()
     keys = [(r["scheme"], r["budget"], r["seed"]) for r in rows]
     assert len(keys) == len(set(keys))
-    # One budget (1 fork a step of the 11-step tape) for every scheme and seed, and auto's
-    # uncapped run (budget null) once a seed.
-    expected = {(s, 11, seed) for s in SCHEMES for seed in (0, 1)} | {
-        ("auto", None, seed) for seed in (0, 1)
-    }
+    # 1 fork a step of the 11-step tape for every scheme and seed; half a fork a step (6,
+    # rounded up) for auto alone: a uniform scheme spends at least one fork of every arm; and
+    # auto's uncapped run (budget null) once a seed.
+    expected = (
+        {(s, 11, seed) for s in SCHEMES for seed in (0, 1)}
+        | {("auto", 6, seed) for seed in (0, 1)}
+        | {("auto", None, seed) for seed in (0, 1)}
+    )
     assert set(keys) == expected
     assert {r["scenario"] for r in rows} == {"late_commit"}
     assert all(r["error"] is None and r["top_exact"] == [2] for r in rows)
-    assert all(r["forks"] <= 11 for r in rows if r["budget"] == 11)
+    assert all(r["forks"] <= r["budget"] for r in rows if r["budget"] is not None)
+    assert {r["forks_per_step"] for r in rows if r["budget"] == 6} == {0.5}
     png = (tmp_path / "accuracy.png").read_bytes()
     assert png.startswith(PNG)
     for scheme in SCHEMES:
