@@ -8,10 +8,11 @@ import random
 
 import numpy as np
 import pytest
+from scipy.special import betaln
 
 from car_ray.replay import ForkSpec, Resample
 from car_ray.schedule._estimators import exact_shapley
-from car_ray.schedule._mechanism import DeviationScreen, SeedShapley, mean_interval
+from car_ray.schedule._mechanism import SIGN_PRIOR, DeviationScreen, SeedShapley, mean_interval
 
 P_BAD = {2: 0.3, 5: 0.3, 7: 0.9}  # a fresh draw at the step keeps its harmful action
 
@@ -622,11 +623,16 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
 def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:
     """Step 6 alone flips the outcome in every seed: phi_s is 1 for it and 0 for 2 and 4. At
     95% with two rivals each pair is tested at 0.025, its signs by a test martingale that
-    holds at every look: after n agreeing seeds of n it stands at 2^n B(n + 1/2, 1/2) / pi
-    (the Jeffreys mixture), 26.8 at 7 and 50.3 at 8, against 1 / 0.025 = 40: the verdict
-    waits for the eighth seed (the uniform mixture took the ninth, a fixed-n test at each
-    look the seventh). With one rival (step 2 alone, at 0.05: 20) the seventh is enough."""
-    for candidates, seeds in (([2, 4, 6], 8), ([2, 6], 7)):
+    holds at every look: after n agreeing seeds of n it stands at 2^n (a / (n + a) + B(n +
+    1, a) / B(1, a)) / 2 (`SIGN_PRIOR`'s mixture, a = 12), 21.3 at 6 and 40.4 at 7, against
+    1 / 0.025 = 40: the verdict waits for the seventh seed (the Jeffreys mixture took the
+    eighth, the uniform the ninth, a fixed-n test at each look the seventh). With one rival
+    (step 2 alone, at 0.05: 20) the sixth is enough."""
+    a = SIGN_PRIOR
+    for n, expected in ((6, 21.3), (7, 40.4)):
+        ratio = 2**n * (a / (n + a) + math.exp(betaln(n + 1, a) - betaln(1, a))) / 2
+        assert ratio == pytest.approx(expected, abs=0.05)
+    for candidates, seeds in (([2, 4, 6], 7), ([2, 6], 6)):
         shap = SeedShapley(candidates, 0.05, salt="s")
         for seed in range(seeds):
             assert shap.verdict(0.01) is None, (candidates, seed)
@@ -639,8 +645,9 @@ def test_a_verdict_looked_at_after_every_seed_errs_at_most_its_level_on_a_tie() 
     """Steps 2 and 5 each clear the failure, independently, with probability 0.2 when
     re-drawn: their exact phi are equal (0.18 each). A verdict that names one of them alone
     is wrong. It is looked at after every seed, up to 60; over 600 runs it may err at most
-    5% of the time (the fixed-n sign test erred 8.9% over 1,000 such runs),
-    and still separates the pair as a tied top in most runs."""
+    5% of the time, the bound Ville's inequality gives the sign test (the fixed-n sign test
+    erred 8.9% over 1,000 such runs, the Jeffreys mixture 2.3%, `SIGN_PRIOR`'s mixture
+    4.7%), and still separates the pair as a tied top in most runs."""
     rng = random.Random(11)
     wrong = tied = 0
     runs = 600
