@@ -33,20 +33,27 @@ def positive(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError("a number above 0")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("job_files", nargs="*", type=Path, help="default: jobs/*/job.toml")
     parser.add_argument(
-        "--quick", action="store_true", help="forks a step 1 4 8, 5 seeds, no long tape"
+        "--quick", action="store_true", help="forks a step 0.5 1 4 8, 5 seeds, no long tape"
     )
     parser.add_argument("--scenarios", nargs="+", metavar="NAME", help="only these jobs/NAME")
     parser.add_argument("--seeds", type=positive, help="attribution seeds (default 20, quick 5)")
     parser.add_argument(
         "--forks-per-step",
-        type=positive,
+        type=fraction,
         nargs="+",
         metavar="F",
-        help="the budget grid (default 1 2 4 8; quick 1 4 8)",
+        help="the budget grid, forks a step (default 0.25 0.5 1 2 4 8; quick 0.5 1 4 8)",
     )
     parser.add_argument(
         "--max-budget",

@@ -6,10 +6,10 @@ are enumerated once (`truth.solve`). Then, for every budget of a log grid (F for
 the tape, rounded up: F in 1/4, 1/2, 1, 2, 4, 8; `--quick`: 1/2, 1, 4, 8; a budget is at most
 `max_budget` = 256 forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one
 attribution job runs in a worker process (`truth.run_local`, no Ray) under
-`Budget(max_forks=budget)`, four ways (the uniform schemes only where F >= 1: k forks of
-every arm needs k >= 1, and below one fork a step a uniform scheme leaves steps unmeasured,
-so what it ranks first depends on the order of the steps; auto's screen tests blocks of
-steps in one fork, so it can answer with fewer forks than the tape has steps):
+`Budget(max_forks=budget)`, four ways (the uniform schemes only at budgets of at least one
+fork a step: below it a uniform scheme leaves steps unmeasured, so what it ranks first
+depends on the order of the steps; auto's screen tests blocks of steps in one fork, so it
+can answer with fewer forks than the tape has steps):
 
   auto            car-ray's adaptive scheduler (method "auto": screen, Shapley on the held
                   game one seed at a time, the other arms with a held tail); it stops when
@@ -378,7 +378,9 @@ def plan_scenario(
     for f in sorted(grid):
         budget = math.ceil(f * steps)
         budget = budget if max_budget is None else min(budget, max_budget)
-        if not points or budget > points[-1][1]:
+        if points and budget == points[-1][1]:
+            points[-1] = (f, budget)  # the same budget: named by the larger F
+        else:
             points.append((f, budget))
     n = min(seeds, long_seeds) if long else seeds
     return Scenario(job.folder.name, str(job_file), steps, arms, n, points)
@@ -389,7 +391,7 @@ def tasks_of(s: Scenario) -> list[Task]:
     for seed in range(s.seeds):
         out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, 10.0 * s.steps**2))
         for f, budget in s.grid:
-            for scheme in SCHEMES if f >= 1 else SCHEMES[:1]:
+            for scheme in SCHEMES if budget >= s.steps else SCHEMES[:1]:
                 k = None if scheme == "auto" else max(1, budget // s.arms)
                 out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, budget * s.steps))
     return out
@@ -471,6 +473,11 @@ class Summary:
     ratios: dict[str, float | None]
     median_ratio: float | None
     median_of: int  # scenarios in the median: both reach the accuracy, not a control
+    # auto's fewest forks over the budgets the uniform schemes run at (one fork a step or
+    # more), its ratio to the best uniform, and that ratio's median over the same scenarios
+    auto_whole: dict[str, float | None]
+    ratios_whole: dict[str, float | None]
+    median_whole: float | None
     coverage: float | None
     covered: int
     checked: int
@@ -488,10 +495,14 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
     fewest: dict[tuple[str, str], float | None] = {}
     best_uniform: dict[str, str | None] = {}
     ratios: dict[str, float | None] = {}
+    auto_whole: dict[str, float | None] = {}
+    ratios_whole: dict[str, float | None] = {}
     for s in scenarios:
         budgets = [b for _, b in s.grid]
         for scheme in SCHEMES:
             fewest[(s.name, scheme)] = fewest_forks(rows, s.name, scheme, budgets)
+        whole = fewest_forks(rows, s.name, "auto", [b for b in budgets if b >= s.steps])
+        auto_whole[s.name] = whole
         reached = [
             (value, scheme)
             for scheme in SCHEMES[1:]
@@ -501,9 +512,15 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
         best_uniform[s.name] = None if best is None else best[1]
         auto = fewest[(s.name, "auto")]
         ratios[s.name] = None if best is None or auto is None else auto / max(best[0], 1e-9)
+        ratios_whole[s.name] = None if best is None or whole is None else whole / max(best[0], 1e-9)
     # A negative control has nothing to find: every scheme is right at any budget.
     controls = {r["scenario"] for r in rows if not r["top_exact"]}
     known = [r for name, r in ratios.items() if r is not None and name not in controls]
+    known_whole = [
+        r
+        for name, r in ratios_whole.items()
+        if r is not None and ratios[name] is not None and name not in controls
+    ]
     auto_rows = [r for r in rows if r["scheme"] == "auto" and not r["default_budget"]]
     covered = sum(int(r["covered"]) for r in auto_rows)
     checked = sum(int(r["checked"]) for r in auto_rows)
@@ -525,6 +542,9 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
         ratios,
         median(known) if known else None,
         len(known),
+        auto_whole,
+        ratios_whole,
+        median(known_whole) if len(known_whole) == len(known) and known else None,
         covered / checked if checked else None,
         covered,
         checked,
@@ -588,6 +608,8 @@ def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
         table.add_column(scheme, justify="right")
     table.add_column("best uniform")
     table.add_column("auto / best uniform", justify="right")
+    table.add_column("auto from 1 fork a step", justify="right")
+    table.add_column("its ratio", justify="right")
     for s in scenarios:
         best = summary.best_uniform[s.name]
         table.add_row(
@@ -595,6 +617,8 @@ def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
             *(_fmt(summary.fewest[(s.name, scheme)]) for scheme in SCHEMES),
             escape(best or "none"),
             _fmt(summary.ratios[s.name], ".2f", "—"),
+            _fmt(summary.auto_whole[s.name]),
+            _fmt(summary.ratios_whole[s.name], ".2f", "—"),
         )
     return table
 
@@ -725,9 +749,9 @@ def main(
     whose folder has one of these names; seeds: R, the attribution seeds 0..R-1 (20, quick
     5); forks_per_step: the grid F (0.25 0.5 1 2 4 8, quick 0.5 1 4 8), a budget being F x
     the tape's steps rounded up, at most `max_budget` forks (None: no cap; the uniform
-    schemes run only where F >= 1); long_seeds: the most seeds a tape over 32 steps runs
-    (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names it);
-    processes: worker processes (1: all in this one)."""
+    schemes run only at budgets of one fork a step or more); long_seeds: the most seeds a
+    tape over 32 steps runs (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names
+    it); processes: worker processes (1: all in this one)."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
@@ -805,7 +829,10 @@ def main(
         "median auto / best-uniform fewest forks over the suite: "
         + (
             f"{summary.median_ratio:.2f} (the {summary.median_of} of {len(plan)} scenarios "
-            "where both reach the accuracy; negative controls left out)"
+            "where both reach the accuracy; negative controls left out; the uniform schemes "
+            "run from one fork a step, auto below it too; auto from one fork a step: "
+            + _fmt(summary.median_whole, ".2f", "—")
+            + ")"
             if summary.median_ratio is not None
             else "— (no scenario other than a negative control where both reach the accuracy)"
         )

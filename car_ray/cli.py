@@ -1180,7 +1180,7 @@ def bench_cmd(
         typer.Option(
             "--forks-per-step",
             min=0.01,
-            help="a budget on the grid, F forks a step (repeatable; uniform runs F >= 1)",
+            help="a budget on the grid, F forks a step (repeatable; uniform from F = 1)",
         ),
     ] = None,
     processes: Annotated[int, typer.Option(min=1, help="worker processes")] = 2,

@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from car_ray.bench import SCHEMA, SCHEMES, _verdict, main, top1
+from car_ray.bench import SCHEMA, SCHEMES, _verdict, main, plan_scenario, tasks_of, top1
 
 from .conftest import ROOT
 
@@ -51,6 +51,7 @@ def test_bench_quick_on_one_scenario(tmp_path: Any) -> None:
     for scheme in SCHEMES:
         assert scheme in printed
     assert "fewest forks" in printed and "wall time" in printed
+    assert "auto from 1 fork a step" in " ".join(printed.split())
     # late_commit at 11 forks: auto is right (its cause is the only step that chooses), the
     # live tail ties the cause with the steps before it and the pinned tail with the one
     # that confirms it, so the comparison names it among those only auto reaches.
@@ -97,3 +98,21 @@ def test_verdict_reads_a_budget_stop_as_no_stop() -> None:
         "nothing"
     )
     assert _verdict(["screen: 3 forks"]) is None
+
+
+def test_the_grid_runs_uniform_from_one_fork_a_step() -> None:
+    """late_commit has 11 steps: F = 1/4 is 3 forks (rounded up), 1/2 is 6 and 1 is 11. Under
+    a cap of 6 forks, 1/2 and 1 are the same budget (named 1), which is below a fork a step:
+    auto alone runs there; without the cap the uniform schemes run at 11 forks only."""
+    job = ROOT / "jobs" / "late_commit" / "job.toml"
+    capped = plan_scenario(job, [0.25, 0.5, 1], 1, 1, 6)
+    assert capped.grid == [(0.25, 3), (1, 6)]
+    assert {(t.scheme, t.budget) for t in tasks_of(capped)} == {
+        ("auto", None),
+        ("auto", 3),
+        ("auto", 6),
+    }
+    free = plan_scenario(job, [0.25, 0.5, 1], 1, 1, None)
+    assert free.grid == [(0.25, 3), (0.5, 6), (1, 11)]
+    uniform = {(t.scheme, t.budget, t.uniform_k) for t in tasks_of(free) if t.scheme != "auto"}
+    assert uniform == {(s, 11, max(1, 11 // free.arms)) for s in SCHEMES[1:]}

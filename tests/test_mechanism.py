@@ -9,10 +9,17 @@ import random
 import numpy as np
 import pytest
 from scipy.special import betaln
+from scipy.stats import binom
 
 from car_ray.replay import ForkSpec, Resample
 from car_ray.schedule._estimators import exact_shapley
-from car_ray.schedule._mechanism import SIGN_PRIOR, DeviationScreen, SeedShapley, mean_interval
+from car_ray.schedule._mechanism import (
+    SIGN_PRIOR,
+    DeviationScreen,
+    SeedShapley,
+    _signs_agree,
+    mean_interval,
+)
 
 P_BAD = {2: 0.3, 5: 0.3, 7: 0.9}  # a fresh draw at the step keeps its harmful action
 
@@ -641,13 +648,57 @@ def test_a_handful_of_agreeing_seeds_is_not_yet_a_separated_top() -> None:
         assert shap.verdict(0.01) == ("separated", [6]), candidates
 
 
+@pytest.mark.parametrize("alpha", [0.05, 0.025])
+def test_the_sign_test_looked_at_after_every_seed_errs_at_most_its_level(alpha: float) -> None:
+    """The exact chance that a fair coin (a tie: each differing seed as likely to favour
+    either step) ever passes the sign test, in either direction, within 200 differing seeds,
+    looked at after each: by Ville's inequality at most alpha whatever the prior. Computed
+    by carrying the probability of every (wins, losses) not yet passed from one seed to the
+    next. `SIGN_PRIOR`'s mixture uses most of it (4.4% within 60 seeds at 5%, the Jeffreys
+    mixture 2.9%); a fixed-n test looked at after every seed would not stay below it."""
+    most = 200
+    alive = {(0, 0): 1.0}
+    erred = 0.0
+    for _ in range(most):
+        step: dict[tuple[int, int], float] = {}
+        for (w, lost), mass in alive.items():
+            for nxt in ((w + 1, lost), (w, lost + 1)):
+                step[nxt] = step.get(nxt, 0.0) + mass / 2
+        alive = {}
+        for (w, lost), mass in step.items():
+            diff = np.array([1.0] * w + [-1.0] * lost)
+            if _signs_agree(diff, alpha) or _signs_agree(-diff, alpha):
+                erred += mass
+            else:
+                alive[(w, lost)] = mass
+    assert 0.5 * alpha < erred <= alpha, erred
+    # The fixed-n test (the binomial tail at alpha / 2 at each look) errs far above alpha.
+    fixed = 0.0
+    alive = {0: 1.0}
+    for n in range(1, 61):
+        step_n: dict[int, float] = {}
+        for w, mass in alive.items():
+            for nxt in (w, w + 1):
+                step_n[nxt] = step_n.get(nxt, 0.0) + mass / 2
+        cut = binom.ppf(1 - alpha / 2, n, 0.5)
+        alive = {}
+        for w, mass in step_n.items():
+            if w > cut or n - w > cut:
+                fixed += mass
+            else:
+                alive[w] = mass
+    assert fixed > 1.5 * alpha, fixed
+
+
 def test_a_verdict_looked_at_after_every_seed_errs_at_most_its_level_on_a_tie() -> None:
     """Steps 2 and 5 each clear the failure, independently, with probability 0.2 when
     re-drawn: their exact phi are equal (0.18 each). A verdict that names one of them alone
-    is wrong. It is looked at after every seed, up to 60; over 600 runs it may err at most
-    5% of the time, the bound Ville's inequality gives the sign test (the fixed-n sign test
-    erred 8.9% over 1,000 such runs, the Jeffreys mixture 2.3%, `SIGN_PRIOR`'s mixture
-    4.7%), and still separates the pair as a tied top in most runs."""
+    is wrong. It is looked at after every seed, up to 60. The sign test alone errs at most
+    alpha (computed exactly above: 4.4% within 60 differing seeds at 5%); the whole verdict
+    over 600 runs may err at most 7%, the level plus two standard errors of 600 runs (the
+    fixed-n sign test erred 8.9% over 1,000 such runs, the Jeffreys mixture 2.3%,
+    `SIGN_PRIOR`'s mixture 4.7%; here 4.5%), and still separates the pair as a tied top in
+    most runs."""
     rng = random.Random(11)
     wrong = tied = 0
     runs = 600
@@ -662,7 +713,7 @@ def test_a_verdict_looked_at_after_every_seed_errs_at_most_its_level_on_a_tie() 
                 wrong += verdict[1] != [2, 5]
                 tied += verdict[1] == [2, 5]
                 break
-    assert wrong / runs <= 0.05, wrong / runs
+    assert wrong / runs <= 0.07, wrong / runs
     assert tied / runs >= 0.9, tied / runs
 
 
