@@ -362,6 +362,11 @@ class Scenario:
     seeds: int
     grid: list[tuple[float, int]]  # (forks a step, budget), budgets distinct and increasing
 
+    def uniform_runs(self, budget: int) -> bool:
+        """Whether the uniform schemes run at `budget`: one fork a step or more (below it
+        they would leave steps unmeasured)."""
+        return budget >= self.steps
+
 
 def plan_scenario(
     job_file: Path, grid: Sequence[float], seeds: int, long_seeds: int, max_budget: int | None
@@ -391,7 +396,7 @@ def tasks_of(s: Scenario) -> list[Task]:
     for seed in range(s.seeds):
         out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, 10.0 * s.steps**2))
         for f, budget in s.grid:
-            for scheme in SCHEMES if budget >= s.steps else SCHEMES[:1]:
+            for scheme in SCHEMES if s.uniform_runs(budget) else SCHEMES[:1]:
                 k = None if scheme == "auto" else max(1, budget // s.arms)
                 out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, budget * s.steps))
     return out
@@ -455,10 +460,13 @@ def _cells(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str, int], list[di
 
 
 def fewest_forks(
-    rows: Sequence[dict[str, Any]], scenario: str, scheme: str, budgets: Sequence[int]
+    cells: dict[tuple[str, str, int], list[dict[str, Any]]],
+    scenario: str,
+    scheme: str,
+    budgets: Sequence[int],
 ) -> float | None:
-    """Mean forks used at the smallest budget whose top-1 accuracy is at least ACCURATE."""
-    cells = _cells(rows)
+    """Mean forks used at the smallest budget whose top-1 accuracy is at least ACCURATE
+    (`cells`: the grid runs by `_cells`)."""
     for budget in sorted(budgets):
         cell = cells.get((scenario, scheme, budget))
         if cell and _accuracy(cell) >= ACCURATE:
@@ -497,11 +505,12 @@ def summarize(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]) -> 
     ratios: dict[str, float | None] = {}
     auto_whole: dict[str, float | None] = {}
     ratios_whole: dict[str, float | None] = {}
+    cells = _cells(rows)
     for s in scenarios:
         budgets = [b for _, b in s.grid]
         for scheme in SCHEMES:
-            fewest[(s.name, scheme)] = fewest_forks(rows, s.name, scheme, budgets)
-        whole = fewest_forks(rows, s.name, "auto", [b for b in budgets if b >= s.steps])
+            fewest[(s.name, scheme)] = fewest_forks(cells, s.name, scheme, budgets)
+        whole = fewest_forks(cells, s.name, "auto", [b for b in budgets if s.uniform_runs(b)])
         auto_whole[s.name] = whole
         reached = [
             (value, scheme)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -656,38 +657,41 @@ def test_the_sign_test_looked_at_after_every_seed_errs_at_most_its_level(alpha: 
     by carrying the probability of every (wins, losses) not yet passed from one seed to the
     next. `SIGN_PRIOR`'s mixture uses most of it (4.4% within 60 seeds at 5%, the Jeffreys
     mixture 2.9%); a fixed-n test looked at after every seed would not stay below it."""
-    most = 200
+
+    def signs(w: int, lost: int) -> bool:
+        diff = np.array([1.0] * w + [-1.0] * lost)
+        return _signs_agree(diff, alpha) or _signs_agree(-diff, alpha)
+
+    erred = _ever_passes(signs, 200)
+    assert 0.5 * alpha < erred <= alpha, erred
+
+    # The fixed-n test (the binomial tail at alpha / 2 at each look) errs far above alpha.
+    def fixed_n(w: int, lost: int) -> bool:
+        cut = binom.ppf(1 - alpha / 2, w + lost, 0.5)
+        return bool(max(w, lost) > cut)
+
+    fixed = _ever_passes(fixed_n, 60)
+    assert fixed > 1.5 * alpha, fixed
+
+
+def _ever_passes(passes: Callable[[int, int], bool], most: int) -> float:
+    """The chance that a fair coin's (wins, losses) ever satisfy `passes`, looked at after
+    each of up to `most` tosses: the probability of every count not yet passed is carried
+    from one toss to the next, and what passes leaves it."""
     alive = {(0, 0): 1.0}
-    erred = 0.0
+    passed = 0.0
     for _ in range(most):
-        step: dict[tuple[int, int], float] = {}
+        after: dict[tuple[int, int], float] = {}
         for (w, lost), mass in alive.items():
             for nxt in ((w + 1, lost), (w, lost + 1)):
-                step[nxt] = step.get(nxt, 0.0) + mass / 2
+                after[nxt] = after.get(nxt, 0.0) + mass / 2
         alive = {}
-        for (w, lost), mass in step.items():
-            diff = np.array([1.0] * w + [-1.0] * lost)
-            if _signs_agree(diff, alpha) or _signs_agree(-diff, alpha):
-                erred += mass
+        for (w, lost), mass in after.items():
+            if passes(w, lost):
+                passed += mass
             else:
                 alive[(w, lost)] = mass
-    assert 0.5 * alpha < erred <= alpha, erred
-    # The fixed-n test (the binomial tail at alpha / 2 at each look) errs far above alpha.
-    fixed = 0.0
-    alive = {0: 1.0}
-    for n in range(1, 61):
-        step_n: dict[int, float] = {}
-        for w, mass in alive.items():
-            for nxt in (w, w + 1):
-                step_n[nxt] = step_n.get(nxt, 0.0) + mass / 2
-        cut = binom.ppf(1 - alpha / 2, n, 0.5)
-        alive = {}
-        for w, mass in step_n.items():
-            if w > cut or n - w > cut:
-                fixed += mass
-            else:
-                alive[w] = mass
-    assert fixed > 1.5 * alpha, fixed
+    return passed
 
 
 def test_a_verdict_looked_at_after_every_seed_errs_at_most_its_level_on_a_tie() -> None:
