@@ -203,6 +203,11 @@ def test_a_complete_job_rerun_spends_nothing_unless_asked_for_more(
     after = json.loads((folder / "job.json").read_text())
     assert after["runs"] == before["runs"] + 1
     assert after["ledger"]["spent"]["forks"] > before["ledger"]["spent"]["forks"]
+    # ±0.03 takes far more than as much budget again: the run ends on it, its top still
+    # separated (a complete job, `--more` may go on again) and the verdict still a fix.
+    assert after["status"] == "complete", after["status"]
+    assert "--more: the budget ended before every interval was within ±0.03" in after["notes"]
+    assert after["verdict"].startswith("verdict: fix step 4"), after["verdict"]
 
 
 def test_show_reprints_a_past_job_by_folder_or_id_and_json(

@@ -18,6 +18,7 @@ from car_ray.schedule._mechanism import (
     SIGN_PRIOR,
     DeviationScreen,
     SeedShapley,
+    _signs_after,
     _signs_agree,
     mean_interval,
 )
@@ -480,6 +481,64 @@ def test_a_step_found_by_the_last_fork_the_budget_allows_is_named_as_not_measure
     assert named >= 1, "no seed of 10 found a step with the last forks"
 
 
+def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go_on() -> None:
+    """jobs/relay as a default job (no caps: 10 forks a step): step 6 seldom differs from
+    step 2, and some attribution seeds end on the budget before the sign test passes. Such a
+    job's note gives the wins and losses its seeds show, about how many more forks would
+    separate the top, and a cap of half as many again above what it spent; its verdict line
+    names step 2 as the most likely step, not one to fix. Going on from its rows at that cap
+    (as a rerun with --max-forks does) spends no more than the cap."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.execute import LocalExecutor, MemorySink
+    from car_ray.job import Job
+    from car_ray.providers import PriceTable
+    from car_ray.results import verdict
+    from car_ray.schedule import Budget, Cost, Scheduler, job_id_of
+    from car_ray.truth import run_local_scheduler, sim_runner
+
+    base, tape = _job_and_tape("jobs/relay/job.toml")
+    for seed in range(20):
+        job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+        outcome, rows, first = run_local_scheduler(job, tape, Budget())
+        if outcome.status == "budget_exhausted":
+            break
+    else:
+        pytest.fail("every default relay job of seeds 0-19 stopped on its own")
+    assert first.verdict is None and first.seed_shapley is not None
+    shap = first.seed_shapley
+    phi, _, _ = shap._per_seed()
+    diff = phi[:, shap.candidates.index(2)] - phi[:, shap.candidates.index(6)]
+    wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+    note = next(n for n in outcome.notes if n.startswith("shapley:"))
+    assert "the budget ended before the top separated" in note
+    assert f"step 2 came out ahead of step 6 in {wins} seed(s) and behind in {losses}" in note
+    spent = outcome.progress.spent.forks
+    more = int(note.split("about ")[1].split(" more")[0])
+    cap = int(note.split("--max-forks ")[1].split(" ")[0])
+    assert more > 0 and cap == spent + math.ceil(1.5 * more), note
+    line = verdict(outcome.attribution, tape, outcome.status)
+    assert line.startswith("verdict: most likely step 2, where") and "fix" not in line, line
+
+    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
+    try:
+        on = Scheduler(
+            job,
+            tape,
+            job_id=job_id_of(job, tape),
+            executor=executor,
+            sink=sink,
+            budget=Budget(max_forks=cap),
+            prices=PriceTable.load(None),
+            already=rows,
+            already_spent=Cost(len(rows), sum(r["cost_usd"] for r in rows), 0),
+            candidates=first.candidates,
+        ).run()
+    finally:
+        executor.shutdown()
+    assert on.progress.resumed == len(rows)
+    assert on.progress.done > 0 and len(rows) + on.progress.done <= cap
+
+
 def test_a_screen_that_gave_up_on_strays_asks_for_no_more_forks() -> None:
     """Forks that leave the tape at steps they did not re-draw (nondeterminism outside the
     seams) make the screen give up after three; it then asks for no fork, so a verdict
@@ -672,6 +731,46 @@ def test_the_sign_test_looked_at_after_every_seed_errs_at_most_its_level(alpha: 
 
     fixed = _ever_passes(fixed_n, 60)
     assert fixed > 1.5 * alpha, fixed
+
+
+@pytest.mark.parametrize(("wins", "losses", "n"), [(17, 5, 59), (9, 3, 58), (3, 0, 20)])
+def test_the_seeds_a_sign_test_still_needs_are_the_fewest_at_the_rates_so_far(
+    wins: int, losses: int, n: int
+) -> None:
+    """A job whose budget ended before the sign test passed says how many more seeds would
+    pass it if wins and losses went on at their rates: the fewest such seeds, checked
+    against the test itself one seed at a time."""
+
+    def passes(more: int) -> bool:
+        grown = (n + more) / n
+        diff = np.array([1.0] * int(wins * grown) + [-1.0] * int(losses * grown))
+        return _signs_agree(diff, 0.05)
+
+    more = _signs_after(wins, losses, n, 0.05)
+    assert 0 < more < math.inf
+    assert passes(int(more)) and not any(passes(k) for k in range(int(more))), more
+    assert _signs_after(6, 0, 10, 0.05) == 0  # passes already
+    assert _signs_after(5, 5, 40, 0.05) == math.inf  # as often behind as ahead: never
+
+
+def test_a_top_not_yet_separated_says_which_test_it_lacks() -> None:
+    """Over 40 seeds step 6 clears the failure in 18 and step 2 in 6 (never both): the t
+    interval of their difference is above 0, but 18 wins to 6 losses are short of the 21
+    the sign test needs at 95% at every look. That is the reason given, and the projection
+    is the sign test's at those rates."""
+    shap = SeedShapley([2, 6], 0.05, salt="s")
+    for seed in range(40):
+        for coalition in shap.coalitions(seed):
+            flips = (6 in coalition and seed < 18) or (2 in coalition and 18 <= seed < 24)
+            shap.observe(seed, coalition, flips)
+    assert shap.verdict(0.01) is None
+    reasons, more, top = shap.lacks()
+    assert top == [6]
+    assert reasons == [
+        "step 6 came out ahead of step 2 in 18 seed(s) and behind in 6: not yet enough for "
+        "95% at every look"
+    ]
+    assert more == _signs_after(18, 6, 40, 0.05) > 0
 
 
 def _ever_passes(passes: Callable[[int, int], bool], most: int) -> float:

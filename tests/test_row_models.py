@@ -209,7 +209,8 @@ def test_car_ray_show_reads_a_job_an_older_car_ray_wrote(old_output: Path) -> No
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout)
     assert summary["status"] == "budget_exhausted" and summary["spent"]["forks"] == 40
-    assert summary["verdict"].startswith("verdict: fix step 4")
+    # It ended on its budget (its top never separated): a lead, not a step to fix.
+    assert summary["verdict"].startswith("verdict: most likely step 4")
 
 
 def test_a_job_json_from_a_newer_car_ray_is_refused_naming_the_file(old_output: Path) -> None:

@@ -177,6 +177,13 @@ def verdict(rows: Sequence[Row], tape: Tape | None = None, status: str | None = 
             if nec is not None and len(steps) == 1
             else ""
         )
+        if status == "budget_exhausted":
+            # The job's own test of the top did not pass: the leader is a lead, not a verdict.
+            head = "most likely " + " or ".join(parts)
+            tail += (
+                "; not separated from the other steps: the budget ended first (the notes say "
+                "what would separate it)"
+            )
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
     return (

@@ -406,6 +406,47 @@ class SeedShapley:
         needed += [_seeds_needed(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest]
         return max(0.0, max(needed) - n)
 
+    def lacks(self) -> tuple[list[str], float, list[int]]:
+        """Why `verdict` does not yet call the top separated, in words (one phrase a test
+        that fails), and how many more seeds would pass them all if the seeds to come were
+        like those so far (`seeds_to_verdict`'s projection, with the sign test's: each
+        pair's wins and losses growing at their rates so far; inf while a test cannot pass
+        that way), and today's top. For a job whose budget ended first: what it would take
+        to go on."""
+        m = self.candidates
+        n = len(self.complete_seeds())
+        if not m:
+            return [], 0.0, []
+        if n < MIN_SEEDS:
+            few = f"{n} complete seed(s), and a verdict needs {MIN_SEEDS}"
+            return [few], math.inf, []
+        phi, _, _ = self._per_seed()
+        top, rest, pair_alpha = self._split(phi)
+        reasons: list[str] = []
+        level = f"{1 - self.alpha:.0%}"
+        for j in top:
+            if (self._phi_interval(phi[:, j]).low or 0.0) <= 0:
+                reasons.append(f"step {m[j]}'s blame is not shown above 0 at {level}")
+        if len(top) > 1:
+            reasons.append(
+                f"steps {[m[j] for j in top]} are not told apart (the top is all of them)"
+            )
+        more = self.seeds_to_verdict()
+        for i in top:
+            for j in rest:
+                diff = phi[:, i] - phi[:, j]
+                wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+                after = _signs_after(wins, losses, n, pair_alpha)
+                more = max(more, after)
+                if after > 0:
+                    reasons.append(
+                        f"step {m[i]} came out ahead of step {m[j]} in {wins} seed(s) and "
+                        f"behind in {losses}: not yet enough for {level} at every look"
+                    )
+                elif not _apart(diff, pair_alpha):
+                    reasons.append(f"step {m[i]}'s lead over step {m[j]} is not shown")
+        return reasons, more, [m[j] for j in top]
+
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
         ('precise', top) when every interval is within the target, None while neither holds.
@@ -608,7 +649,11 @@ def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
     after each), a fixed-n sign test (the binomial tail at alpha / 2) erred 8.9% at a
     stated 5%; this one errs 4.7% (Jeffreys' 2.3%), and 0.9% with three such steps
     (Jeffreys' 0.4%)."""
-    wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
+    return _sign_passes(int((diff > 0).sum()), int((diff < 0).sum()), alpha)
+
+
+def _sign_passes(wins: int, losses: int, alpha: float) -> bool:
+    """`_signs_agree` on counts: i ahead of j in `wins` seeds, behind in `losses`."""
     if wins <= losses:
         return False
     a = SIGN_PRIOR
@@ -617,6 +662,21 @@ def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
     evidence = float(np.logaddexp(ahead, behind)) - math.log(2.0)
     evidence += (wins + losses) * math.log(2.0)
     return bool(evidence >= -math.log(alpha))
+
+
+def _signs_after(wins: int, losses: int, n: int, alpha: float) -> float:
+    """The seeds after n at which the sign test (`_sign_passes`) would pass if wins and
+    losses went on at their rates so far (rounded down); 0 if it passes now, inf if it
+    never would that way (no more wins than losses) or not within a hundred times n."""
+    if _sign_passes(wins, losses, alpha):
+        return 0.0
+    if wins <= losses or n == 0:
+        return math.inf
+    for more in range(1, 100 * n + 1):
+        grown = (n + more) / n
+        if _sign_passes(int(wins * grown), int(losses * grown), alpha):
+            return float(more)
+    return math.inf
 
 
 def _proportion(values: np.ndarray, alpha: float, n: int) -> Interval:

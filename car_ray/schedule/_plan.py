@@ -249,6 +249,8 @@ class Scheduler:
         self.screen: DeviationScreen | None = None
         self.seed_shapley: SeedShapley | None = None
         self.verdict: tuple[str, list[int]] | None = None
+        # Why the budget ended before a verdict, and what would give one (`HeldShapley`).
+        self.unsettled: str | None = None
         self.shapley: ShapleyPlanner[int] | None = None
         self.races: dict[str, Race[str]] = {}
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice

@@ -66,6 +66,12 @@ SHAPLEY_SEEDS = 1 << 31
 # The share of alpha a clearance spends on bounding how much of a step's weight reaches it
 # (`SeedShapley.reach`); the rest goes to the joint test (`clean_to_clear`).
 REACH_ALPHA = 0.25
+# What a job whose budget ended before its top separated suggests to go on: the forks it
+# projects, and half as many again (`HeldShapley._unsettled`). Default jobs of the six
+# scenarios that do not always stop, attribution seeds 0-79, `benchmarks/go_on.py`: of the
+# 60 that ended on their budget with a projection, 55 separated within this (49 within the
+# projection alone); small projections of seeds at their mean are the optimistic ones.
+GO_ON_SLACK = 1.5
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
 SEEDS_IN_FLIGHT = 2  # Shapley seeds at once while the verdict is far (`HeldShapley._window`)
 # The share of the forks its caps leave unspent (in flight or not begun) that Shapley has in
@@ -515,8 +521,18 @@ class HeldShapley(BaseStage):
             # The budget ended: the verdict of every fork it paid for may stand all the
             # same, and is then the job's answer.
             verdict = shap.verdict(self.target)
-            if verdict is not None and self._may_stop() and self._stands(verdict):
+            # A separated top stands at the end of a `--more` run too: what it ran on for
+            # (every interval within the target) is what the budget did not reach.
+            may_stop = self._may_stop() or (verdict is not None and verdict[0] == "separated")
+            if verdict is not None and may_stop and self._stands(verdict):
                 job.verdict = verdict
+                if not self._may_stop():
+                    job.notes.append(
+                        f"--more: the budget ended before every interval was within "
+                        f"±{self.target:g}"
+                    )
+            else:
+                job.unsettled = self._unsettled(verdict)
             return Next(end="complete" if job.verdict is not None else "budget_exhausted")
         if len(screen.candidates) == self.found:
             return Next()
@@ -524,6 +540,63 @@ class HeldShapley(BaseStage):
 
     def state(self) -> dict[str, Any]:
         return {"candidates": self.shap.candidates, "seeds": len(self.shap.complete_seeds())}
+
+    def _unsettled(self, verdict: tuple[str, list[int]] | None) -> str:
+        """Why the top did not separate before the budget ended (the tests that fail, and
+        the steps not found that lack clean draws), and about how many more forks would
+        separate it if the forks to come were like those so far: k more seeds, at least
+        those `SeedShapley.lacks` projects for the tests, at the forks a seed has cost, and
+        the screen forks still short of clearance after them (each one more clean draw; a
+        seed brings `_probe_rate` of one), for the k that needs fewest (`_screen_next`'s
+        trade: seeds also lower what the top needs of the steps not found)."""
+        shap, screen, job = self.shap, self.screen, self.job
+        if verdict is not None and verdict[0] == "separated":
+            reasons: list[str] = []
+            seeds, top = 0.0, verdict[1]
+        else:
+            reasons, seeds, top = shap.lacks()
+        short = self._short(("separated", top)) if top else {}
+        if short:
+            step = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
+            need = short[step]
+            reasons.append(
+                f"step(s) {sorted(short)} not found to make choices lack the clean draws "
+                "that show their blame below the top's ("
+                + (
+                    "the top's blame is not yet shown far enough above 0 for any number"
+                    if need == math.inf
+                    else f"step {step}: {screen.clean.get(step, 0)} of {need:g}"
+                )
+                + ")"
+            )
+        forks = math.inf
+        if seeds < math.inf and top:
+            per_seed = max(1.0, shap.forks_per_seed())
+            n = len(shap.complete_seeds())
+            for more in range(math.ceil(seeds), math.ceil(seeds) + max(4 * n, 50)):
+                needed = self._needed(("separated", top), more_seeds=more)
+                clear = max(
+                    (
+                        need - screen.clean.get(k, 0) - self._probe_rate(k) * more
+                        for k, need in needed.items()
+                    ),
+                    default=0.0,
+                )
+                forks = min(forks, more * per_seed + max(0.0, clear))
+        text = "; ".join(reasons) or "the forks it had did not settle it"
+        if forks == math.inf:
+            return f"{text}. How many more forks would separate it is not known from these"
+        forks = math.ceil(forks)
+        more = math.ceil(forks * GO_ON_SLACK)
+        spent, caps = job.governor.spent, job.governor.budget
+        go_on = f"--max-forks {spent.forks + more}"
+        if caps.max_usd is not None and spent.forks:
+            go_on += f" --max-usd {spent.usd + more * spent.usd / spent.forks:.4g}"
+        return (
+            f"{text}. If the forks to come go as these did, about {forks} more would separate "
+            f"it: the same command with {go_on} ({more} more, for the chance they do not) "
+            "goes on from here, keeping the forks paid for"
+        )
 
     def _stands(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether Shapley's verdict has the screen's clearance behind it: every step not
@@ -665,7 +738,8 @@ def held_notes(job: Scheduler) -> list[str]:
     shap = job.seed_shapley
     n = len(shap.complete_seeds()) if shap is not None else 0
     if job.verdict is None:
-        notes.append(f"shapley: {n} seeds; the budget ended before the top separated")
+        why = f": {job.unsettled}" if job.unsettled else ""
+        notes.append(f"shapley: {n} seeds; the budget ended before the top separated{why}")
     elif job.verdict[1]:
         notes.append(
             f"shapley: {n} seeds; top cause {job.verdict[1]} {job.verdict[0]} at "

@@ -1,0 +1,168 @@
+"""Default jobs that end on their budget before the top separated: does the cap their note
+suggests (`--max-forks`, the projection and half as many again) separate it?
+
+For each scenario and attribution seed, the job runs as a user's default job would (no
+caps: 10 forks a step). A job that stopped on its own is counted and left. A job whose
+budget ended first has a note that says why and about how many more forks would separate
+its top; the benchmark then goes on as the note says, resuming from the job's rows (the
+scheduler of `car-ray attribute` given the rows already written, as a rerun with a larger
+`--max-forks` is), at the suggested cap and at the bare projection, and counts which
+separated (or became precise).
+
+    .venv/bin/python benchmarks/go_on.py [--seeds 80] [--processes 2]
+
+Prints a table per scenario and writes `go_on.json` to `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import re
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from _common import DEFAULT_OUT, ROOT, make_console
+from rich.table import Table
+
+# The scenarios whose default jobs do not always stop on their own (the others always do).
+SCENARIOS = (
+    "and_conj",
+    "support_refund",
+    "research_async",
+    "relay",
+    "overdetermined",
+    "policy_fix",
+)
+STOPPED = ("separated", "precise")
+
+
+def _resumed(job: Any, tape: Any, rows: list[dict[str, Any]], first: Any, cap: int) -> str:
+    """How the job ends when run on from `rows` under a fork cap of `cap` in all."""
+    from car_ray.bench import _verdict
+    from car_ray.execute import LocalExecutor, MemorySink
+    from car_ray.providers import PriceTable
+    from car_ray.schedule import Budget, Cost, Scheduler, job_id_of
+    from car_ray.truth import sim_runner
+
+    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
+    try:
+        scheduler = Scheduler(
+            job,
+            tape,
+            job_id=job_id_of(job, tape),
+            executor=executor,
+            sink=sink,
+            budget=Budget(max_forks=cap),
+            prices=PriceTable.load(None),
+            already=rows,
+            already_spent=Cost(
+                len(rows),
+                sum(r["cost_usd"] for r in rows),
+                sum(r["tokens_in"] + r["tokens_out"] for r in rows),
+            ),
+            candidates=first.candidates,
+        )
+        outcome = scheduler.run()
+    finally:
+        executor.shutdown()
+    return _verdict(outcome.notes) or outcome.status
+
+
+def run(task: tuple[str, int]) -> dict[str, Any]:
+    name, seed = task
+    from car_ray.bench import _job_and_tape, _quiet, _verdict
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local_scheduler
+
+    _quiet()
+    base, tape = _job_and_tape(str(ROOT / "jobs" / name / "job.toml"))
+    job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+    outcome, rows, first = run_local_scheduler(job, tape, Budget())
+    spent = outcome.progress.spent.forks
+    result: dict[str, Any] = {
+        "scenario": name,
+        "seed": seed,
+        "ended": _verdict(outcome.notes),
+        "forks": spent,
+    }
+    if result["ended"] != "budget":
+        return result
+    note = next(n for n in outcome.notes if n.startswith("shapley:"))
+    result["note"] = note
+    suggested = re.search(r"--max-forks (\d+)", note)
+    projected = re.search(r"about (\d+) more would separate", note)
+    if suggested is None or projected is None:
+        return result
+    result["projected"] = int(projected.group(1))
+    result["suggested"] = int(suggested.group(1)) - spent
+    result["at_suggested"] = _resumed(job, tape, rows, first, int(suggested.group(1)))
+    result["at_projected"] = _resumed(job, tape, rows, first, spent + result["projected"])
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seeds", type=int, default=80)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    tasks = [(name, seed) for name in SCENARIOS for seed in range(args.seeds)]
+    began = time.perf_counter()
+    with ProcessPoolExecutor(
+        args.processes, mp_context=multiprocessing.get_context("spawn")
+    ) as pool:
+        results = list(pool.map(run, tasks))
+    console = make_console()
+    table = Table(title=f"default jobs over {args.seeds} attribution seeds, and going on")
+    for column in (
+        "scenario",
+        "stopped on its own",
+        "ended on its budget",
+        "with a projection",
+        "separated at the suggested cap",
+        "at the projection alone",
+    ):
+        table.add_column(column)
+    total = {"projection": 0, "suggested": 0, "projected": 0}
+    for name in SCENARIOS:
+        runs = [r for r in results if r["scenario"] == name]
+        ended = [r for r in runs if r["ended"] == "budget"]
+        projected = [r for r in ended if "projected" in r]
+        at_suggested = sum(r["at_suggested"] in STOPPED for r in projected)
+        at_projected = sum(r["at_projected"] in STOPPED for r in projected)
+        total["projection"] += len(projected)
+        total["suggested"] += at_suggested
+        total["projected"] += at_projected
+        table.add_row(
+            name,
+            f"{sum(r['ended'] in STOPPED for r in runs)} of {len(runs)}",
+            str(len(ended)),
+            str(len(projected)),
+            str(at_suggested),
+            str(at_projected),
+        )
+    table.add_row(
+        "all",
+        "",
+        "",
+        str(total["projection"]),
+        str(total["suggested"]),
+        str(total["projected"]),
+    )
+    console.print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "go_on.json"
+    path.write_text(json.dumps({"seeds": args.seeds, "total": total, "runs": results}, indent=1))
+    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
