@@ -428,7 +428,7 @@ def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[
         "folder": shown(folder),
         "status": outcome.status,
         "measured": measured(outcome.attribution),
-        "verdict": verdict(outcome.attribution, tape, outcome.status),
+        "verdict": verdict(outcome.attribution, tape, outcome.status, outcome.notes),
         "forks_run": p.done,
         "resumed": p.resumed,
         "spent": p.spent.as_dict(),
@@ -741,7 +741,7 @@ class JobRun:
         # status (fork_statuses): a job whose forks mostly have no outcome is "failed".
         info.provider_errors = outcome.progress.provider_errors
         info.recorded_outcome = self.recorded
-        info.verdict = verdict(outcome.attribution, self.tape, outcome.status)
+        info.verdict = verdict(outcome.attribution, self.tape, outcome.status, outcome.notes)
         info.top_cause = top_cause(outcome.attribution, self.tape)
         write_attribution(self.out, self.job_id, outcome.attribution)
         info.write(self.out)

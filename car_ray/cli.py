@@ -729,7 +729,7 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
         markup=False,
     )
     # The last line, whole: a log or a pipe greps it.
-    line = verdict(outcome.attribution, tape, outcome.status)
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes)
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

@@ -95,16 +95,19 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
 def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fix(
     support_tape: Tape,
 ) -> None:
-    """The same rows from a job that ended on its budget (its own test of the top did not
-    pass): the line names the most likely step with the same figures, never "fix", and says
-    the top is not separated and that the notes say what would separate it."""
-    line = verdict(_rows(), support_tape, "budget_exhausted")
+    """The same rows from a job whose held Shapley ended on its budget (its own test of the
+    top did not pass, as its note says): the line names the most likely step with the same
+    figures, never "fix", and says the top is not separated. A job that ended on its budget
+    with no such note (the pinned Shapley of method "shapley" has no test of its top) keeps
+    the line it had."""
+    note = "shapley: 12 seeds; the budget ended before the top separated: step 4 came out ahead"
+    line = verdict(_rows(), support_tape, "budget_exhausted", [note])
     assert line.startswith(f"verdict: most likely step 4, where {REFUND_CALL}"), line
     assert "blame φ 0.60 [0.50, 0.70]" in line and "fix" not in line
     assert line.endswith(
-        "not separated from the other steps: the budget ended first (the notes say what "
-        "would separate it)"
+        "not separated from the other steps: the budget ended first (see the notes)"
     ), line
+    assert verdict(_rows(), support_tape, "budget_exhausted") == verdict(_rows(), support_tape)
 
 
 def test_record_prints_the_score_and_inspect_shows_one_step_in_full(tmp_path: Path) -> None:

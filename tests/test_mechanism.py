@@ -516,7 +516,7 @@ def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go
     more = int(note.split("about ")[1].split(" more")[0])
     cap = int(note.split("--max-forks ")[1].split(" ")[0])
     assert more > 0 and cap == spent + math.ceil(1.5 * more), note
-    line = verdict(outcome.attribution, tape, outcome.status)
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes)
     assert line.startswith("verdict: most likely step 2, where") and "fix" not in line, line
 
     executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
@@ -768,7 +768,7 @@ def test_a_top_not_yet_separated_says_which_test_it_lacks() -> None:
     assert top == [6]
     assert reasons == [
         "step 6 came out ahead of step 2 in 18 seed(s) and behind in 6: not yet enough for "
-        "95% at every look"
+        "the sign test at 95%, valid at every look"
     ]
     assert more == _signs_after(18, 6, 40, 0.05) > 0
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from ..tape import LlmEvent, Tape, ToolEvent
@@ -144,9 +144,25 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
     return None
 
 
-def verdict(rows: Sequence[Row], tape: Tape | None = None, status: str | None = None) -> str:
+def unseparated(status: str | None, notes: Iterable[str]) -> bool:
+    """Whether a job's held Shapley ended on its budget with no verdict (its notes say the
+    budget ended before the top separated, or before a step it found was measured): its
+    first row is a lead, not a step shown to be the one to fix."""
+    return status == "budget_exhausted" and any(
+        n.startswith("shapley:") and "budget ended" in n for n in notes
+    )
+
+
+def verdict(
+    rows: Sequence[Row],
+    tape: Tape | None = None,
+    status: str | None = None,
+    notes: Iterable[str] = (),
+) -> str:
     """One line: the step(s) to fix, what happened there, the effect with its interval and
-    the confidence level; or why there is no step to name."""
+    the confidence level; or why there is no step to name. A job whose held Shapley ended
+    before its top separated (`unseparated`, from its status and notes) names its most likely
+    step(s) instead, and says so."""
     top = top_cause(rows, tape)
     if top is None:
         # A job whose status says nothing was measured is believed over rows with a value
@@ -177,13 +193,12 @@ def verdict(rows: Sequence[Row], tape: Tape | None = None, status: str | None = 
             if nec is not None and len(steps) == 1
             else ""
         )
-        if status == "budget_exhausted":
+        if unseparated(status, notes):
             # The job's own test of the top did not pass: the leader is a lead, not a verdict.
             head = "most likely " + " or ".join(parts)
-            tail += (
-                "; not separated from the other steps: the budget ended first (the notes say "
-                "what would separate it)"
-            )
+            if len(steps) > 1:
+                head += " (not told apart)"
+            tail += "; not separated from the other steps: the budget ended first (see the notes)"
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
     return (

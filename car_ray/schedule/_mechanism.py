@@ -352,11 +352,17 @@ class SeedShapley:
         shown above that step's (`clean_to_clear`, the step's |phi| at most `reach` times
         its deviation rate), from the seeds so far (and `more_seeds` more at their mean, to
         ask what another seed would change); inf while k's phi is not shown above 0."""
+        return clean_to_clear(self.phi_lower(k, more_seeds), alpha, reach)
+
+    def phi_lower(self, k: int, more_seeds: int = 0) -> Callable[[np.ndarray], np.ndarray]:
+        """Candidate k's one-sided lower bounds on phi at given levels (`_phi_lower`), from
+        the seeds so far and `more_seeds` more at their mean: one function for many
+        `clean_to_clear` calls (the seeds are read once)."""
         phi, _, _ = self._per_seed()
         values = phi[:, self.candidates.index(k)]
         if more_seeds and values.size:
             values = np.append(values, np.full(more_seeds, values.mean()))
-        return clean_to_clear(lambda levels: self._phi_lower(values, levels), alpha, reach)
+        return lambda levels: self._phi_lower(values, levels)
 
     def reach(self, step: int, level: float) -> float:
         """An upper bound (one-sided at `level`) on the share of a step's Shapley weight in
@@ -407,31 +413,35 @@ class SeedShapley:
         return max(0.0, max(needed) - n)
 
     def lacks(self) -> tuple[list[str], float, list[int]]:
-        """Why `verdict` does not yet call the top separated, in words (one phrase a test
-        that fails), and how many more seeds would pass them all if the seeds to come were
-        like those so far (`seeds_to_verdict`'s projection, with the sign test's: each
-        pair's wins and losses growing at their rates so far; inf while a test cannot pass
-        that way), and today's top. For a job whose budget ended first: what it would take
-        to go on."""
+        """Why `verdict` does not yet call the top separated, in words (a phrase a test that
+        fails), how many more seeds would pass them all if the seeds to come were like those
+        so far (`seeds_to_verdict`'s projection, and the sign test's: each pair's wins and
+        losses growing at their rates so far; at least one while a test fails, since those
+        projections use the normal where the tests use t; inf while a test cannot pass that
+        way), and today's top. For a job whose budget ended first: what it would take to go
+        on."""
         m = self.candidates
         n = len(self.complete_seeds())
         if not m:
             return [], 0.0, []
         if n < MIN_SEEDS:
-            few = f"{n} complete seed(s), and a verdict needs {MIN_SEEDS}"
-            return [few], math.inf, []
+            return [f"{n} complete seed(s), and a verdict needs {MIN_SEEDS}"], math.inf, []
         phi, _, _ = self._per_seed()
         top, rest, pair_alpha = self._split(phi)
+        lead = int(np.argmax(phi.mean(axis=0)))
         reasons: list[str] = []
-        level = f"{1 - self.alpha:.0%}"
         for j in top:
-            if (self._phi_interval(phi[:, j]).low or 0.0) <= 0:
-                reasons.append(f"step {m[j]}'s blame is not shown above 0 at {level}")
-        if len(top) > 1:
+            if (self._phi_interval(phi[:, j]).low or 0.0) > 0:
+                continue
+            own = f"blame is not shown above 0 at {1 - self.alpha:.0%}"
             reasons.append(
-                f"steps {[m[j] for j in top]} are not told apart (the top is all of them)"
+                f"step {m[j]}'s {own}"
+                if j == lead
+                else f"step {m[j]} is not told apart from step {m[lead]} (the leader), and its "
+                + own
             )
         more = self.seeds_to_verdict()
+        level = f"{(1 - pair_alpha) * 100:.4g}%"
         for i in top:
             for j in rest:
                 diff = phi[:, i] - phi[:, j]
@@ -441,10 +451,13 @@ class SeedShapley:
                 if after > 0:
                     reasons.append(
                         f"step {m[i]} came out ahead of step {m[j]} in {wins} seed(s) and "
-                        f"behind in {losses}: not yet enough for {level} at every look"
+                        f"behind in {losses}: not yet enough for the sign test at {level}, "
+                        "valid at every look"
                     )
                 elif not _apart(diff, pair_alpha):
                     reasons.append(f"step {m[i]}'s lead over step {m[j]} is not shown")
+        if reasons:
+            more = max(more, 1.0)
         return reasons, more, [m[j] for j in top]
 
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:

@@ -24,7 +24,7 @@ import structlog
 from ..execute import Row
 from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy, Tail, is_bad
 from ._estimators import Race, ShapleyPlanner, shapley_planner
-from ._mechanism import MIN_SEEDS, DeviationScreen, SeedShapley
+from ._mechanism import MIN_SEEDS, DeviationScreen, SeedShapley, clean_to_clear
 
 if TYPE_CHECKING:
     from ._plan import Scheduler
@@ -69,7 +69,7 @@ REACH_ALPHA = 0.25
 # What a job whose budget ended before its top separated suggests to go on: the forks it
 # projects, and half as many again (`HeldShapley._unsettled`). Default jobs of the six
 # scenarios that do not always stop, attribution seeds 0-79, `benchmarks/go_on.py`: of the
-# 60 that ended on their budget with a projection, 55 separated within this (49 within the
+# 60 that ended on their budget with a projection, 55 separated within this (51 within the
 # projection alone); small projections of seeds at their mean are the optimistic ones.
 GO_ON_SLACK = 1.5
 SCREEN_IN_FLIGHT = 4  # screen forks at once (each one's block depends on the ones before)
@@ -547,8 +547,10 @@ class HeldShapley(BaseStage):
         separate it if the forks to come were like those so far: k more seeds, at least
         those `SeedShapley.lacks` projects for the tests, at the forks a seed has cost, and
         the screen forks still short of clearance after them (each one more clean draw; a
-        seed brings `_probe_rate` of one), for the k that needs fewest (`_screen_next`'s
-        trade: seeds also lower what the top needs of the steps not found)."""
+        seed brings `_probe_rate` of one), for the k of 0, 1, 2, 4, ... more that needs
+        fewest (`_screen_next`'s trade: seeds also lower what the top needs of the steps not
+        found); and the caps that would let it: the forks it spent (and carried) and the
+        projection with GO_ON_SLACK of it again."""
         shap, screen, job = self.shap, self.screen, self.job
         if verdict is not None and verdict[0] == "separated":
             reasons: list[str] = []
@@ -569,34 +571,61 @@ class HeldShapley(BaseStage):
                 )
                 + ")"
             )
-        forks = math.inf
-        if seeds < math.inf and top:
-            per_seed = max(1.0, shap.forks_per_seed())
-            n = len(shap.complete_seeds())
-            for more in range(math.ceil(seeds), math.ceil(seeds) + max(4 * n, 50)):
-                needed = self._needed(("separated", top), more_seeds=more)
-                clear = max(
-                    (
-                        need - screen.clean.get(k, 0) - self._probe_rate(k) * more
-                        for k, need in needed.items()
-                    ),
-                    default=0.0,
-                )
-                forks = min(forks, more * per_seed + max(0.0, clear))
+        forks = self._forks_to_separate(seeds, top) if reasons else math.inf
         text = "; ".join(reasons) or "the forks it had did not settle it"
         if forks == math.inf:
             return f"{text}. How many more forks would separate it is not known from these"
-        forks = math.ceil(forks)
         more = math.ceil(forks * GO_ON_SLACK)
-        spent, caps = job.governor.spent, job.governor.budget
-        go_on = f"--max-forks {spent.forks + more}"
-        if caps.max_usd is not None and spent.forks:
-            go_on += f" --max-usd {spent.usd + more * spent.usd / spent.forks:.4g}"
+        forks = math.ceil(forks)
+        governor = job.governor
+        spent, carried, caps = governor.spent, governor.carried, governor.budget
+        go_on = f"--max-forks {spent.forks + carried.forks + more}"
+        if caps.max_usd is not None and spent.usd > 0:
+            usd = spent.usd + carried.usd + more * spent.usd / spent.forks
+            go_on += f" --max-usd {usd:.4g}"
+        ended = governor.exhausted
+        also = (
+            f" (it ended on its {ended}: raise that in the job file too)"
+            if ended not in (None, "max_forks", "max_usd")
+            else ""
+        )
         return (
             f"{text}. If the forks to come go as these did, about {forks} more would separate "
             f"it: the same command with {go_on} ({more} more, for the chance they do not) "
-            "goes on from here, keeping the forks paid for"
+            f"goes on from here, keeping the forks paid for{also}"
         )
+
+    def _forks_to_separate(self, seeds: float, top: list[int]) -> float:
+        """`_unsettled`'s projection: the fewest forks, over k = `seeds` + 0, 1, 2, 4, ...
+        more seeds, of k seeds at the forks a seed has cost and the clearance still short
+        after them (at least one fork); inf if none is finite."""
+        shap, screen = self.shap, self.screen
+        if seeds == math.inf or not top:
+            return math.inf
+        per_seed = max(1.0, shap.forks_per_seed())
+        unfound = self._unfound()
+        alpha = self.job.alpha
+        # What does not change with k, once: each step's reach and probe rate.
+        reach = {k: shap.reach(k, alpha * REACH_ALPHA) for k in unfound}
+        rate = {k: self._probe_rate(k) for k in unfound}
+        best, extra = math.inf, 0
+        while extra <= max(4 * len(shap.complete_seeds()), 50):
+            more = math.ceil(seeds) + extra
+            if more * per_seed >= best:
+                break  # the clearance only adds
+            lowers = [shap.phi_lower(t, more) for t in top]
+            clear = max(
+                (
+                    max(clean_to_clear(lower, self._clear_alpha, reach[k]) for lower in lowers)
+                    - screen.clean.get(k, 0)
+                    - rate[k] * more
+                    for k in unfound
+                ),
+                default=0.0,
+            )
+            best = min(best, more * per_seed + max(0.0, clear))
+            extra = 2 * extra if extra else 1
+        return max(1.0, best)
 
     def _stands(self, verdict: tuple[str, list[int]]) -> bool:
         """Whether Shapley's verdict has the screen's clearance behind it: every step not
