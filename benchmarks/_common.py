@@ -5,14 +5,17 @@ a scratch folder, runs resample forks of it and reports forks per second and CPU
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import importlib
+import multiprocessing
 import os
 import platform
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rich.console import Console
 
@@ -29,6 +32,7 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results"
 # refund decision itself, leaves 1-2 (1.8 on average).
 DEFAULT_STEP = 2
 
+_Task = TypeVar("_Task")
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -183,6 +187,24 @@ def machine(modules: Sequence[str] = ("aiohttp", "httpx2", "openai")) -> dict[st
 
 def load_average() -> float | None:
     return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
+def seeds_args(doc: str | None, seeds: int, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The options of a benchmark over attribution seeds: --seeds (default `seeds`),
+    --processes and --out."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--seeds", type=int, default=seeds)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return parser.parse_args(argv)
+
+
+def in_processes(
+    run: Callable[[_Task], dict[str, Any]], tasks: Sequence[_Task], processes: int
+) -> list[dict[str, Any]]:
+    """`run` over `tasks` in `processes` spawned worker processes, in order."""
+    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(run, tasks))
 
 
 def make_console(width: int = 140) -> Console:

@@ -16,18 +16,14 @@ Prints a table per scenario and writes `go_on.json` to `--out`.
 
 from __future__ import annotations
 
-import argparse
 import json
-import multiprocessing
 import re
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from _common import DEFAULT_OUT, ROOT, make_console
+from _common import ROOT, in_processes, make_console, seeds_args
 from rich.table import Table
 
 # The scenarios whose default jobs do not always stop on their own (the others always do).
@@ -45,32 +41,12 @@ STOPPED = ("separated", "precise")
 def _resumed(job: Any, tape: Any, rows: list[dict[str, Any]], first: Any, cap: int) -> str:
     """How the job ends when run on from `rows` under a fork cap of `cap` in all."""
     from car_ray.bench import _verdict
-    from car_ray.execute import LocalExecutor, MemorySink
-    from car_ray.providers import PriceTable
-    from car_ray.schedule import Budget, Cost, Scheduler, job_id_of
-    from car_ray.truth import sim_runner
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local_scheduler
 
-    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
-    try:
-        scheduler = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=Budget(max_forks=cap),
-            prices=PriceTable.load(None),
-            already=rows,
-            already_spent=Cost(
-                len(rows),
-                sum(r["cost_usd"] for r in rows),
-                sum(r["tokens_in"] + r["tokens_out"] for r in rows),
-            ),
-            candidates=first.candidates,
-        )
-        outcome = scheduler.run()
-    finally:
-        executor.shutdown()
+    outcome, _, _ = run_local_scheduler(
+        job, tape, Budget(max_forks=cap), already=rows, candidates=first.candidates
+    )
     return _verdict(outcome.notes) or outcome.status
 
 
@@ -108,17 +84,10 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seeds", type=int, default=80)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
+    args = seeds_args(__doc__, 80, argv)
     tasks = [(name, seed) for name in SCENARIOS for seed in range(args.seeds)]
     began = time.perf_counter()
-    with ProcessPoolExecutor(
-        args.processes, mp_context=multiprocessing.get_context("spawn")
-    ) as pool:
-        results = list(pool.map(run, tasks))
+    results = in_processes(run, tasks, args.processes)
     console = make_console()
     table = Table(title=f"default jobs over {args.seeds} attribution seeds, and going on")
     for column in (

@@ -22,18 +22,14 @@ wrong or raised.
 
 from __future__ import annotations
 
-import argparse
 import json
-import multiprocessing
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from _common import DEFAULT_OUT, ROOT, make_console
+from _common import ROOT, in_processes, make_console, seeds_args
 from rich.table import Table
 
 JOBS = ("research_async", "support_refund")
@@ -95,17 +91,10 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seeds", type=int, default=20)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = parser.parse_args(argv)
+    args = seeds_args(__doc__, 20, argv)
     tasks = [(job, seed) for job in JOBS for seed in range(args.seeds)]
     began = time.perf_counter()
-    with ProcessPoolExecutor(
-        args.processes, mp_context=multiprocessing.get_context("spawn")
-    ) as pool:
-        results = list(pool.map(run, tasks))
+    results = in_processes(run, tasks, args.processes)
     console = make_console()
     table = Table(title=f"the first row, over {args.seeds} attribution seeds")
     for column in ("job", "right", "stopped on its own", "forks (mean, max)", "forks/step"):

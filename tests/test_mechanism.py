@@ -235,12 +235,10 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     top within the default cap: the seeds' draws follow the tape's run, so the test looks
     for one rather than naming it.)"""
     from car_ray.bench import _job_and_tape
-    from car_ray.execute import LocalExecutor, MemorySink
     from car_ray.job import Job
-    from car_ray.providers import PriceTable
-    from car_ray.schedule import Budget, Cost, Scheduler, effective_budget, job_id_of
+    from car_ray.schedule import Budget, effective_budget
     from car_ray.schedule._stages import probes_of
-    from car_ray.truth import run_local_scheduler, sim_runner
+    from car_ray.truth import run_local_scheduler
 
     def found_by_probe(row: dict[str, object]) -> bool:
         spec = ForkSpec.model_validate_json(str(row["spec"]))
@@ -262,35 +260,16 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     assert stopped.status == "budget_exhausted"
     assert found_by_probe(rows[-1]), "the stopped job's last row is the probe's find"
 
-    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
-    try:
-        resumed_job = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=Budget(),
-            prices=PriceTable.load(None),
-            already=rows,
-            already_spent=Cost(
-                len(rows),
-                sum(r["cost_usd"] for r in rows),
-                sum(r["tokens_in"] + r["tokens_out"] for r in rows),
-            ),
-        )
-        resumed = resumed_job.run()
-    finally:
-        executor.shutdown()
-    ids = [r["task_id"] for r in rows + sink.rows]
+    resumed, new_rows, resumed_job = run_local_scheduler(job, tape, Budget(), already=rows)
+    ids = [r["task_id"] for r in rows + new_rows]
     assert len(ids) == len(set(ids)), "a fork ran twice"
     assert resumed_job.screen is not None and found in resumed_job.screen.candidates
     assert resumed_job.seed_shapley is not None and found in resumed_job.seed_shapley.candidates
-    for row in sink.rows:
+    for row in new_rows:
         spec = ForkSpec.model_validate_json(row["spec"])
         assert found not in probes_of(spec), f"{row['task_id']} probes step {found} again"
     cap = effective_budget(Budget(), len(tape.steps)).max_forks
-    assert cap is not None and len(rows) + len(sink.rows) <= cap, "the resume broke the cap"
+    assert cap is not None and len(rows) + len(new_rows) <= cap, "the resume broke the cap"
     assert resumed.status == whole.status == "complete"
     assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
 
@@ -489,12 +468,10 @@ def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go
     names step 2 as the most likely step, not one to fix. Going on from its rows at that cap
     (as a rerun with --max-forks does) spends no more than the cap."""
     from car_ray.bench import _job_and_tape
-    from car_ray.execute import LocalExecutor, MemorySink
     from car_ray.job import Job
-    from car_ray.providers import PriceTable
     from car_ray.results import verdict
-    from car_ray.schedule import Budget, Cost, Scheduler, job_id_of
-    from car_ray.truth import run_local_scheduler, sim_runner
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local_scheduler
 
     base, tape = _job_and_tape("jobs/relay/job.toml")
     for seed in range(20):
@@ -519,22 +496,9 @@ def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go
     line = verdict(outcome.attribution, tape, outcome.status, outcome.notes)
     assert line.startswith("verdict: most likely step 2, where") and "fix" not in line, line
 
-    executor, sink = LocalExecutor(sim_runner(job, tape)), MemorySink()
-    try:
-        on = Scheduler(
-            job,
-            tape,
-            job_id=job_id_of(job, tape),
-            executor=executor,
-            sink=sink,
-            budget=Budget(max_forks=cap),
-            prices=PriceTable.load(None),
-            already=rows,
-            already_spent=Cost(len(rows), sum(r["cost_usd"] for r in rows), 0),
-            candidates=first.candidates,
-        ).run()
-    finally:
-        executor.shutdown()
+    on, _, _ = run_local_scheduler(
+        job, tape, Budget(max_forks=cap), already=rows, candidates=first.candidates
+    )
     assert on.progress.resumed == len(rows)
     assert on.progress.done > 0 and len(rows) + on.progress.done <= cap
 

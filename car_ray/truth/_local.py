@@ -9,7 +9,7 @@ from typing import Any
 from ..execute import Executor, LocalExecutor, MemorySink, RowSink
 from ..job import Job
 from ..providers import PriceTable
-from ..schedule import Budget, JobOutcome, Scheduler, job_id_of
+from ..schedule import Budget, Cost, JobOutcome, Scheduler, job_id_of
 from ..tape import Tape
 from ._solver import sim_runner
 
@@ -21,13 +21,20 @@ def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[di
 
 
 def run_local_scheduler(
-    job: Job, tape: Tape, budget: Budget
+    job: Job,
+    tape: Tape,
+    budget: Budget,
+    already: list[dict[str, Any]] | None = None,
+    candidates: list[int] | None = None,
 ) -> tuple[JobOutcome, list[dict[str, Any]], Scheduler]:
-    """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`)."""
+    """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`). With
+    `already` (the rows of an earlier run of the job, and its Shapley `candidates`), the run
+    goes on from them as a rerun of `car-ray attribute` does: their cost counts against the
+    caps, and the rows returned are the new ones."""
     executor = LocalExecutor(sim_runner(job, tape))
     sink = MemorySink()
     try:
-        scheduler = local_scheduler(job, tape, budget, executor, sink)
+        scheduler = local_scheduler(job, tape, budget, executor, sink, already, candidates)
         outcome = scheduler.run()
     finally:
         executor.shutdown()
@@ -35,10 +42,17 @@ def run_local_scheduler(
 
 
 def local_scheduler(
-    job: Job, tape: Tape, budget: Budget, executor: Executor, sink: RowSink
+    job: Job,
+    tape: Tape,
+    budget: Budget,
+    executor: Executor,
+    sink: RowSink,
+    already: list[dict[str, Any]] | None = None,
+    candidates: list[int] | None = None,
 ) -> Scheduler:
     """The scheduler of `job` on `tape` over `executor` into `sink`, at the default prices:
-    `run_local`'s, or one of many jobs in one `RunLoop`."""
+    `run_local`'s, or one of many jobs in one `RunLoop`; going on from `already`, if given."""
+    rows = already or []
     return Scheduler(
         job,
         tape,
@@ -47,4 +61,11 @@ def local_scheduler(
         sink=sink,
         budget=budget,
         prices=PriceTable.load(None),
+        already=rows,
+        already_spent=Cost(
+            len(rows),
+            sum(r["cost_usd"] for r in rows),
+            sum(r["tokens_in"] + r["tokens_out"] for r in rows),
+        ),
+        candidates=candidates,
     )
