@@ -381,15 +381,15 @@ class SeedShapley:
         # Wilson's margin (a handful of like seeds is not a share known exactly), 1 below two.
         return -float(mean_lower(-share, np.array([level]), low=-1.0)[0])
 
-    def _split(self, phi: np.ndarray) -> tuple[list[int], list[int], float]:
-        """The top (the leader by mean phi and every candidate the paired test cannot tell
-        from it), the rest (as indices of `candidates`), and the level of each pair's test:
-        alpha / (m - 1), Bonferroni over the leader's m - 1 rivals."""
+    def _split(self, phi: np.ndarray) -> tuple[int, list[int], list[int], float]:
+        """The leader by mean phi, the top (it and every candidate the paired test cannot
+        tell from it), the rest (as indices of `candidates`), and the level of each pair's
+        test: alpha / (m - 1), Bonferroni over the leader's m - 1 rivals."""
         m = len(self.candidates)
         lead = int(np.argmax(phi.mean(axis=0)))
         pair_alpha = self.alpha / max(1, m - 1)
         top = [j for j in range(m) if j == lead or not _apart(phi[:, lead] - phi[:, j], pair_alpha)]
-        return top, [j for j in range(m) if j not in top], pair_alpha
+        return lead, top, [j for j in range(m) if j not in top], pair_alpha
 
     def seeds_to_verdict(self) -> float:
         """How many more seeds `verdict`'s tests would need if the seeds to come were like
@@ -407,7 +407,7 @@ class SeedShapley:
         if len(self.candidates) == 1:
             # Wilson's lower end is above 0 from the first flip on.
             return 0.0 if phi[:, 0].sum() > 0 else math.inf
-        top, rest, pair_alpha = self._split(phi)
+        _, top, rest, pair_alpha = self._split(phi)
         needed = [_seeds_needed(phi[:, j], self.alpha) for j in top]
         needed += [_seeds_needed(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest]
         return max(0.0, max(needed) - n)
@@ -427,38 +427,50 @@ class SeedShapley:
         if n < MIN_SEEDS:
             return [f"{n} complete seed(s), and a verdict needs {MIN_SEEDS}"], math.inf, []
         phi, _, _ = self._per_seed()
-        top, rest, pair_alpha = self._split(phi)
-        lead = int(np.argmax(phi.mean(axis=0)))
+        lead, top, pair_alpha, failing = self._failing(phi)
         reasons: list[str] = []
-        for j in top:
-            if (self._phi_interval(phi[:, j]).low or 0.0) > 0:
-                continue
-            own = f"blame is not shown above 0 at {1 - self.alpha:.0%}"
-            reasons.append(
-                f"step {m[j]}'s {own}"
-                if j == lead
-                else f"step {m[j]} is not told apart from step {m[lead]} (the leader), and its "
-                + own
-            )
         more = self.seeds_to_verdict()
         level = f"{(1 - pair_alpha) * 100:.4g}%"
-        for i in top:
-            for j in rest:
+        for test, i, j in failing:
+            if test == "zero":
+                own = f"blame is not shown above 0 at {1 - self.alpha:.0%}"
+                reasons.append(
+                    f"step {m[i]}'s {own}"
+                    if i == lead
+                    else f"step {m[i]} is not told apart from step {m[lead]} (the leader), and "
+                    f"its {own}"
+                )
+            elif test == "signs":
                 diff = phi[:, i] - phi[:, j]
                 wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
-                after = _signs_after(wins, losses, n, pair_alpha)
-                more = max(more, after)
-                if after > 0:
-                    reasons.append(
-                        f"step {m[i]} came out ahead of step {m[j]} in {wins} seed(s) and "
-                        f"behind in {losses}: not yet enough for the sign test at {level}, "
-                        "valid at every look"
-                    )
-                elif not _apart(diff, pair_alpha):
-                    reasons.append(f"step {m[i]}'s lead over step {m[j]} is not shown")
+                more = max(more, _signs_after(wins, losses, n, pair_alpha))
+                reasons.append(
+                    f"step {m[i]} came out ahead of step {m[j]} in {wins} seed(s) and behind "
+                    f"in {losses}: not yet enough for the sign test at {level}, valid at every "
+                    "look"
+                )
+            else:
+                reasons.append(f"step {m[i]}'s lead over step {m[j]} is not shown")
         if reasons:
             more = max(more, 1.0)
         return reasons, more, [m[j] for j in top]
+
+    def _failing(self, phi: np.ndarray) -> tuple[int, list[int], float, list[tuple[str, int, int]]]:
+        """The leader, the top and its pairs' level (`_split`), and the tests of separation
+        that fail, each (test, i, j) over indices of `candidates`: ("zero", i, i) a step of
+        the top whose phi interval reaches 0; ("signs", i, j) a pair of the top's i and a
+        rival j whose sign test has not passed; ("apart", i, j) one whose sign test passed
+        and t interval has not. The top is separated when none fails (`verdict`)."""
+        lead, top, rest, pair_alpha = self._split(phi)
+        failing = [("zero", j, j) for j in top if (self._phi_interval(phi[:, j]).low or 0.0) <= 0]
+        for i in top:
+            for j in rest:
+                diff = phi[:, i] - phi[:, j]
+                if not _signs_agree(diff, pair_alpha):
+                    failing.append(("signs", i, j))
+                elif not _apart(diff, pair_alpha):
+                    failing.append(("apart", i, j))
+        return lead, top, pair_alpha, failing
 
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
@@ -476,16 +488,10 @@ class SeedShapley:
             return None
         phi, _, _ = self._per_seed()
         m = self.candidates
-        top, rest, pair_alpha = self._split(phi)
-        own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
-        above_zero = all((own[j].low or 0.0) > 0 for j in top)
-        signs = all(_signs_agree(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
-        if (
-            above_zero
-            and signs
-            and all(_apart(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest)
-        ):
+        _, top, _, failing = self._failing(phi)
+        if not failing:
             return "separated", [m[j] for j in top]
+        own = [self._phi_interval(phi[:, j]) for j in range(len(m))]
         if all(e.half_width <= target_half_width for e in own):
             # Precise, but an answer only where the blame is shown above 0: a step of the
             # top whose interval reaches 0 may have no blame at all.
