@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 
 from ._aio import run as run_loop
@@ -12,7 +14,10 @@ from .tape import Tape, load_tape
 
 def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tape:
     """The job's tape, recorded first against the simulated provider (the job's policy and
-    seed) when the file does not exist yet."""
+    seed) when the file does not exist yet. The recording is written beside it under a dot
+    name and linked into place whole, so processes that start on the same scenario at once
+    (a benchmark's pool, two users) never read a tape still being written, and all of them
+    use the one that was linked first."""
     path = job.tape_path
     if path is None:
         raise JobFileError(f"{job.path}: key 'tape' is not set (where the recorded run lives)")
@@ -26,16 +31,24 @@ def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tap
             on_record(f"recording {job.spec.agent} → {path}")
         from .sim import SimServer
 
+        partial = path.with_name(f".{path.name}.{os.getpid()}.recording")
+
         async def go() -> None:
             with SimServer(job.load("policy")) as sim:
                 await record(
                     job.load("agent"),
                     job.spec.agent,
                     job.spec.input,
-                    path,
+                    partial,
                     base_urls=BaseUrls.for_server(sim.url),
                     seed=job.spec.seed,
+                    overwrite=True,
                 )
 
-        run_loop(go())
+        try:
+            run_loop(go())
+            with contextlib.suppress(FileExistsError):  # another process linked its own first
+                os.link(partial, path)
+        finally:
+            partial.unlink(missing_ok=True)
     return load_tape(path)

@@ -225,3 +225,47 @@ def test_a_failed_control_is_a_failed_job_with_a_non_zero_exit(tmp_path: Path) -
     assert info["status"] == "control_failed"
     # It stopped at the control: nothing was spent measuring the nondeterminism.
     assert info["ledger"]["spent"]["forks"] == 1
+
+
+def test_errors_cross_a_process_boundary_whole() -> None:
+    # A fork's error travels from a Ray worker or a pool process to the driver by pickle; an
+    # exception whose __init__ takes more than its message came back as a TypeError instead.
+    import pickle
+
+    from car_ray.execute._protocol import BatchLost
+    from car_ray.replay._divergence import DivergenceError
+    from car_ray.replay._run import ProviderFailed, ToolFailed
+    from car_ray.tape import TapeError
+
+    for error in (
+        TapeError(Path("night/run-7.tape"), 12, "line 12 fails its hash"),
+        DivergenceError(3, "the request changed"),
+        ProviderFailed(4, 503, "service unavailable after 4 tries"),
+        ToolFailed("LookupError", "no order 42"),
+        BatchLost([], RuntimeError("worker died")),
+    ):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error)
+        assert str(back) == str(error)
+        assert vars(back).keys() == vars(error).keys()
+
+
+def _ensure(job_file: str, tape: str) -> str:
+    from car_ray._scenario import ensure_tape
+
+    job = load_job(job_file)
+    job = Job(job.path, job.spec.model_copy(update={"tape": tape}))
+    return ensure_tape(job).tape_id
+
+
+def test_processes_that_record_one_scenario_at_once_share_one_whole_tape(tmp_path: Path) -> None:
+    # Before, the second process found the first one's tape half written and failed on it.
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    tape = str(tmp_path / "relay.tape")
+    job_file = str(ROOT / "jobs" / "relay" / "job.toml")
+    with ProcessPoolExecutor(3, mp_context=multiprocessing.get_context("spawn")) as pool:
+        ids = list(pool.map(_ensure, [job_file] * 3, [tape] * 3))
+    assert len(set(ids)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["relay.tape"]  # no partial left behind

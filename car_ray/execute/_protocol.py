@@ -36,6 +36,9 @@ class BatchLost(Exception):
         self.cause = cause
         super().__init__(f"{len(items)} forks lost with their worker: {cause!r}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.items, self.cause))
+
 
 class Verified(TypedDict, total=False):
     """The tape replayed once ($0): `ok` with the scorer's `recorded_outcome`, or not ok with

@@ -83,6 +83,9 @@ class DivergenceError(Exception):
         self.differences = differences or []
         super().__init__(self.render())
 
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
+        return (type(self), (self.step, self.reason, self.differences))
+
     def render(self) -> str:
         lines = [f"divergence at step {self.step}: {self.reason}"]
         for d in self.differences:

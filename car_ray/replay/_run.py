@@ -79,7 +79,11 @@ class ProviderFailed(BaseException):
     def __init__(self, step: int, status: int | None, message: str) -> None:
         self.step = step
         self.status = status
+        self.message = message
         super().__init__(f"step {step}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
+        return (type(self), (self.step, self.status, self.message))
 
 
 # Final answers that are the provider's failure, not the model's: the retry policy's
@@ -96,7 +100,11 @@ class ToolFailed(Exception):
 
     def __init__(self, type_name: str, message: str) -> None:
         self.type_name = type_name
+        self.message = message
         super().__init__(f"{type_name}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
+        return (type(self), (self.type_name, self.message))
 
 
 class InterventionError(ValueError):

@@ -37,6 +37,9 @@ class TapeError(ValueError):
         self.problem = problem
         super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a worker, a pool) whole
+        return (type(self), (self.path, self.line, self.problem))
+
 
 @dataclass
 class Tape:
