@@ -152,6 +152,30 @@ def test_a_separated_top_on_the_echo_scenario_is_the_root() -> None:
     assert stopped >= 2
 
 
+def test_a_job_that_finds_no_choice_says_how_far_its_draws_show_it() -> None:
+    """jobs/null_control: no step ever draws anything but its recorded action. The job says
+    so, and says what that rests on: the fewest re-draws any step had (the screen goes to
+    SCREEN_CLEAN = 20 before it says it) and the bound they put on how often a step could
+    still leave its recorded action, 1 - 0.05^(1/20) = 14% at 95% (a step that leaves it
+    20% of the time is missed 1.2% of the time)."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.results import verdict
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local
+
+    job, tape = _job_and_tape("jobs/null_control/job.toml")
+    outcome, _ = run_local(job, tape, Budget())
+    (note,) = [n for n in outcome.notes if n.startswith("shapley:")]
+    assert note == (
+        "shapley: no step makes a choice that could change the outcome, as far as 20 "
+        "re-draw(s) of each step show: at 95%, none leaves its recorded action more than 14% "
+        "of the time"
+    )
+    assert verdict(outcome.attribution, tape, outcome.status, outcome.notes).startswith(
+        "verdict: no step to blame"
+    )
+
+
 def test_the_joint_clearance_errs_at_most_alpha() -> None:
     """`clean_to_clear` decides that a step not found (deviating with probability q at its
     recorded request, so |phi| <= q) is below the top (one candidate: each seed a flip with
