@@ -79,10 +79,21 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
     # One rank 1 for the job, not the model's name nor one per intervention kind.
     assert "openai:gpt-4o-mini" not in line and "observation" not in line
     assert line.count("step ") == 2, line
-    # Without a re-drawn step to blame, the strongest intervention is the answer.
+    # Without a re-drawn step to blame, the strongest intervention is the answer; blame not
+    # shown is not blame ruled out, so the line says how much the intervals leave room for.
     no_blame = [r for r in _rows() if r["intervention"] != "resample"]
-    assert "the observation intervention at step 1, where lookup_order returned" in verdict(
-        no_blame, support_tape
+    assert verdict(no_blame, support_tape).startswith(
+        "verdict: the observation intervention at step 1, where lookup_order returned"
+    )
+    unshown = [
+        {**r, "rank": None, "phi": 0.0, "phi_lo": 0.0, "phi_hi": 0.19}
+        if r["intervention"] == "resample"
+        else r
+        for r in _rows()
+    ]
+    assert verdict(unshown, support_tape).startswith(
+        "verdict: no re-drawn step showed blame (φ at most 0.19); the observation "
+        "intervention at step 1"
     )
     # The report opens with the same line (HTML-escaped), above the charts.
     page = render_report(

@@ -201,8 +201,14 @@ def verdict(
             tail += "; not separated from the other steps: the budget ended first (see the notes)"
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
+    # Blame not shown is not blame ruled out: say how much the intervals leave room for.
+    room = [
+        r["phi_hi"]
+        for r in rows
+        if r.get("intervention") == "resample" and r.get("phi_hi") is not None
+    ]
+    lead = f"no re-drawn step showed blame (φ at most {max(room):.2f}); " if room else ""
     return (
-        f"verdict: no re-drawn step is to blame; the {top['intervention']} intervention at "
-        f"step {s['step']}, where {s['what']}, flips the outcome "
-        f"{_span(s['value'], s['low'], s['high'])}{level}"
+        f"verdict: {lead}the {top['intervention']} intervention at step {s['step']}, where "
+        f"{s['what']}, flips the outcome {_span(s['value'], s['low'], s['high'])}{level}"
     )
