@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 from ._aio import run as run_loop
 from .job import Job, JobFileError
@@ -17,7 +18,7 @@ def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tap
     seed) when the file does not exist yet. The recording is written beside it under a dot
     name and linked into place whole, so processes that start on the same scenario at once
     (a benchmark's pool, two users) never read a tape still being written, and all of them
-    use the one that was linked first."""
+    use the one that was linked first (`_publish`)."""
     path = job.tape_path
     if path is None:
         raise JobFileError(f"{job.path}: key 'tape' is not set (where the recorded run lives)")
@@ -31,7 +32,9 @@ def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tap
             on_record(f"recording {job.spec.agent} → {path}")
         from .sim import SimServer
 
-        partial = path.with_name(f".{path.name}.{os.getpid()}.recording")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".recording")
+        os.close(fd)
+        partial = Path(name)
 
         async def go() -> None:
             with SimServer(job.load("policy")) as sim:
@@ -47,8 +50,21 @@ def ensure_tape(job: Job, on_record: Callable[[str], None] | None = None) -> Tap
 
         try:
             run_loop(go())
-            with contextlib.suppress(FileExistsError):  # another process linked its own first
-                os.link(partial, path)
+            _publish(partial, path)
         finally:
             partial.unlink(missing_ok=True)
     return load_tape(path)
+
+
+def _publish(partial: Path, path: Path) -> None:
+    """Put a whole recording at `path` unless another process put one there first: a hard
+    link fails when the name exists, so the first one linked stays. Where the filesystem has
+    no hard links (FAT, some network and FUSE mounts), a rename: readers still never see a
+    partial tape, and the last one renamed stays."""
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        pass
+    except OSError:
+        if not path.exists():
+            os.replace(partial, path)

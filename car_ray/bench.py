@@ -286,7 +286,7 @@ def _verdict(notes: Iterable[str]) -> str | None:
             continue
         if "budget ended" in note:
             return "budget"
-        if "no step makes a choice" in note:
+        if "no step makes a choice" in note or "no step was seen to make a choice" in note:
             return "nothing"
         if "precise" in note:
             return "precise"

@@ -244,10 +244,12 @@ def test_errors_cross_a_process_boundary_whole() -> None:
         ToolFailed("LookupError", "no order 42"),
         BatchLost([], RuntimeError("worker died")),
     ):
+        error.add_note("while attributing night/run-7.tape")
         back = pickle.loads(pickle.dumps(error))
         assert type(back) is type(error)
         assert str(back) == str(error)
         assert vars(back).keys() == vars(error).keys()
+        assert back.__notes__ == ["while attributing night/run-7.tape"]
 
 
 def _ensure(job_file: str, tape: str) -> str:
@@ -269,3 +271,17 @@ def test_processes_that_record_one_scenario_at_once_share_one_whole_tape(tmp_pat
         ids = list(pool.map(_ensure, [job_file] * 3, [tape] * 3))
     assert len(set(ids)) == 1
     assert [p.name for p in tmp_path.iterdir()] == ["relay.tape"]  # no partial left behind
+
+
+def test_a_scenario_tape_is_recorded_where_the_filesystem_has_no_hard_links(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # FAT and some network mounts refuse os.link: the whole recording is renamed into place.
+    def no_links(src: object, dst: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    tape = str(tmp_path / "relay.tape")
+    tape_id = _ensure(str(ROOT / "jobs" / "relay" / "job.toml"), tape)
+    assert [p.name for p in tmp_path.iterdir()] == ["relay.tape"]
+    assert _ensure(str(ROOT / "jobs" / "relay" / "job.toml"), tape) == tape_id

@@ -92,9 +92,12 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
         for r in _rows()
     ]
     assert verdict(unshown, support_tape).startswith(
-        "verdict: no re-drawn step showed blame (φ at most 0.19); the observation "
+        "verdict: no re-drawn step showed blame (each φ at most 0.19); the observation "
         "intervention at step 1"
     )
+    # A bound is rounded up, never down: 0.1936 reads 0.20.
+    unshown[1]["phi_hi"] = 0.1936
+    assert "(each φ at most 0.20)" in verdict(unshown, support_tape)
     # The report opens with the same line (HTML-escaped), above the charts.
     page = render_report(
         tape=support_tape, attribution=_rows(), job=JobInfo(job_id="j", status="complete")

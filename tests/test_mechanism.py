@@ -176,6 +176,33 @@ def test_a_job_that_finds_no_choice_says_how_far_its_draws_show_it() -> None:
     )
 
 
+def test_a_screen_that_gave_up_early_does_not_claim_no_step_chooses() -> None:
+    """A screen that stopped on stray forks (nondeterminism outside the seams) before every
+    step had its 20 re-draws has seen no choice, and says how little that means, not the
+    bound 20 draws would give."""
+    from types import SimpleNamespace
+
+    from car_ray.schedule._stages import held_notes
+
+    screen = DeviationScreen([0, 1, 2, 3], clean_needed=20)
+    screen.observe([0, 1, 2, 3], None)  # one clean draw of each
+    for _ in range(3):
+        screen.observe([2, 3], 0)  # left the tape at step 0, which it did not re-draw
+    job = SimpleNamespace(
+        screen=screen,
+        seed_shapley=None,
+        verdict=("separated", []),
+        spec=SimpleNamespace(confidence=0.95),
+        alpha=0.05,
+    )
+    note = held_notes(job)[-1]  # type: ignore[arg-type]
+    assert note.startswith("shapley: no step was seen to make a choice, but the screen stopped")
+    assert "as few as 1 re-draw(s)" in note and "%" not in note
+    for _ in range(19):
+        screen.observe([0, 1, 2, 3], None)
+    assert held_notes(job)[-1].endswith("more than 14% of the time")  # type: ignore[arg-type]
+
+
 def test_the_joint_clearance_errs_at_most_alpha() -> None:
     """`clean_to_clear` decides that a step not found (deviating with probability q at its
     recorded request, so |phi| <= q) is below the top (one candidate: each seed a flip with

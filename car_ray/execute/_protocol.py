@@ -37,7 +37,7 @@ class BatchLost(Exception):
         super().__init__(f"{len(items)} forks lost with their worker: {cause!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.items, self.cause))
+        return (type(self), (self.items, self.cause), self.__dict__)
 
 
 class Verified(TypedDict, total=False):

@@ -84,7 +84,7 @@ class DivergenceError(Exception):
         super().__init__(self.render())
 
     def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
-        return (type(self), (self.step, self.reason, self.differences))
+        return (type(self), (self.step, self.reason, self.differences), self.__dict__)
 
     def render(self) -> str:
         lines = [f"divergence at step {self.step}: {self.reason}"]

@@ -83,7 +83,7 @@ class ProviderFailed(BaseException):
         super().__init__(f"step {step}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
-        return (type(self), (self.step, self.status, self.message))
+        return (type(self), (self.step, self.status, self.message), self.__dict__)
 
 
 # Final answers that are the provider's failure, not the model's: the retry policy's
@@ -104,7 +104,7 @@ class ToolFailed(Exception):
         super().__init__(f"{type_name}: {message}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a Ray worker) whole
-        return (type(self), (self.type_name, self.message))
+        return (type(self), (self.type_name, self.message), self.__dict__)
 
 
 class InterventionError(ValueError):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -207,7 +208,9 @@ def verdict(
         for r in rows
         if r.get("intervention") == "resample" and r.get("phi_hi") is not None
     ]
-    lead = f"no re-drawn step showed blame (φ at most {max(room):.2f}); " if room else ""
+    # Rounded up (a bound must not read below itself), and per step: each is a 95% bound.
+    most = math.ceil(round(max(room, default=0.0) * 100, 9)) / 100
+    lead = f"no re-drawn step showed blame (each φ at most {most:.2f}); " if room else ""
     return (
         f"verdict: {lead}the {top['intervention']} intervention at step {s['step']}, where "
         f"{s['what']}, flips the outcome {_span(s['value'], s['low'], s['high'])}{level}"

@@ -784,12 +784,20 @@ def held_notes(job: Scheduler) -> list[str]:
         # A claim about draws, so it says how many: a step that leaves the tape rarely enough
         # can be missed (one that does 20% of the time, by 20 draws, 1.2% of the time).
         fewest = min(screen.clean.get(k, 0) for k in screen.steps)
-        notes.append(
-            "shapley: no step makes a choice that could change the outcome, as far as "
-            f"{fewest} re-draw(s) of each step show: at {job.spec.confidence:.0%}, none "
-            f"leaves its recorded action more than {screen.bound_after(fewest, job.alpha):.0%} "
-            "of the time"
-        )
+        if screen.strays and fewest < SCREEN_CLEAN:
+            notes.append(
+                "shapley: no step was seen to make a choice, but the screen stopped on forks "
+                f"that left the tape where nothing was re-drawn, with as few as {fewest} "
+                "re-draw(s) of a step: this says little"
+            )
+        else:
+            # Rounded up: the bound is a most, and "14%" must not read below it.
+            most = math.ceil(round(screen.bound_after(fewest, job.alpha) * 100, 9))
+            notes.append(
+                "shapley: no step makes a choice that could change the outcome, as far as "
+                f"{fewest} re-draw(s) of each step show: at {job.spec.confidence:.0%}, none "
+                f"leaves its recorded action more than {most}% of the time"
+            )
     else:
         notes.append("shapley: no step makes a choice that could change the outcome")
     return notes

@@ -38,7 +38,7 @@ class TapeError(ValueError):
         super().__init__(f"{path}:{line}: {problem}" if line else f"{path}: {problem}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # crosses processes (a worker, a pool) whole
-        return (type(self), (self.path, self.line, self.problem))
+        return (type(self), (self.path, self.line, self.problem), self.__dict__)
 
 
 @dataclass
