@@ -10,13 +10,18 @@ equal) is called separated when the verdict is looked at after each of up to 60 
 
 - shipped: each pair of the top and a rival by the sign test (a test martingale of a fair
   coin, valid at every look) and the t interval of the paired differences (`SeedShapley`).
-- horizon: each pair by one test that knows how far the job can go: the sum of the paired
-  differences against a constant boundary c s sqrt(N), N the seeds the job's caps are
-  projected to buy (the seeds so far and the forks left at the forks a seed has cost, never
-  lowered), s their standard deviation, c from P(sup |B_t| >= c, t <= 1) = alpha for a
-  Brownian motion (a truncated O'Brien-Fleming design: valid on the normal approximation,
-  with a horizon taken from the data).
-- split: horizon at 0.7 alpha, or the shipped tests at 0.3 alpha.
+- horizon: each pair by one test that knows how far the job can go, in place of the sign
+  test and the t interval both (in telling the top from the rest and in separating it):
+  the sum of the paired differences against a constant boundary c s sqrt(N), N the seeds
+  the job's caps are projected to buy (the seeds so far and those the forks left buy at the
+  forks a seed has cost, never lowered), s their standard deviation, c from
+  P(sup |B_t| >= c, t <= 1) = alpha for a Brownian motion (a truncated O'Brien-Fleming
+  design: valid on the normal approximation, with a horizon taken from the data).
+- split: a pair passes horizon's test at 0.7 alpha, or the shipped tests at 0.3 alpha.
+
+For the scenarios whose shipped jobs end on a game of the top and one rival, it also says
+how often even the most powerful test at a fixed number of seeds, knowing the top and the
+per-seed rates these jobs measured, would miss the pair at the seeds a budget-ended job had.
 
 The two other rules are what-ifs patched in here, not settings of car-ray.
 
@@ -79,45 +84,66 @@ def _horizon_passes(diff: np.ndarray, alpha: float, horizon: float) -> bool:
     return total >= _boundary(alpha) * spread * math.sqrt(max(horizon, n))
 
 
+_SHIPPED: dict[str, Any] = {}
+
+
 def apply(rule: str) -> None:
-    """Patch this process's `SeedShapley` and `HeldShapley` to run `rule`."""
-    if rule == "shipped":
-        return
+    """Make this process's `SeedShapley` and `HeldShapley` run `rule` (a worker runs tasks
+    of every rule: the shipped methods are kept and put back first)."""
     from car_ray.schedule import _mechanism, _stages
 
+    if not _SHIPPED:
+        _SHIPPED["failing"] = _mechanism.SeedShapley._failing
+        _SHIPPED["suggest"] = _stages.HeldShapley.suggest
+    _mechanism.SeedShapley._failing = _SHIPPED["failing"]  # type: ignore[method-assign]
+    _stages.HeldShapley.suggest = _SHIPPED["suggest"]  # type: ignore[method-assign]
+    if rule == "shipped":
+        return
     share = 1.0 if rule == "horizon" else SPLIT
+
+    def apart(diff: np.ndarray, pair_alpha: float, horizon: float) -> bool:
+        if _horizon_passes(diff, pair_alpha * share, horizon):
+            return True
+        if share == 1.0:
+            return False
+        rest_alpha = pair_alpha * (1 - share)
+        return _mechanism._signs_agree(diff, rest_alpha) and _mechanism._apart(diff, rest_alpha)
 
     def failing(
         self: Any, phi: np.ndarray
     ) -> tuple[int, list[int], float, list[tuple[str, int, int]]]:
-        lead, top, rest, pair_alpha = self._split(phi)
-        out = [("zero", j, j) for j in top if (self._phi_interval(phi[:, j]).low or 0.0) <= 0]
+        # As `SeedShapley._failing`, with the rule's test of a pair in place of the sign
+        # test and t interval, both in telling the top from the rest and in separating it.
+        m = phi.shape[1]
+        lead = int(np.argmax(phi.mean(axis=0)))
+        pair_alpha = self.alpha / max(1, m - 1)
         horizon = getattr(self, "horizon", None) or phi.shape[0]
+        top = [
+            j
+            for j in range(m)
+            if j == lead or not apart(phi[:, lead] - phi[:, j], pair_alpha, horizon)
+        ]
+        out = [("zero", j, j) for j in top if (self._phi_interval(phi[:, j]).low or 0.0) <= 0]
         for i in top:
-            for j in rest:
-                diff = phi[:, i] - phi[:, j]
-                ok = _horizon_passes(diff, pair_alpha * share, horizon)
-                if not ok and share < 1.0:
-                    rest_alpha = pair_alpha * (1 - share)
-                    ok = _mechanism._signs_agree(diff, rest_alpha) and _mechanism._apart(
-                        diff, rest_alpha
-                    )
-                if not ok:
+            for j in range(m):
+                if j not in top and not apart(phi[:, i] - phi[:, j], pair_alpha, horizon):
                     out.append(("signs", i, j))
         return lead, top, pair_alpha, out
 
-    seeds = _stages.HeldShapley._seeds
+    suggest = _SHIPPED["suggest"]
 
     def projecting(self: Any, room: int) -> Any:
+        # The horizon, before any verdict is looked at: the seeds so far and those the forks
+        # left buy at the forks a seed has cost, never lowered.
         shap, left = self.shap, self.job.forks_left()
         if left is not None:
             per_seed = max(1.0, shap.forks_per_seed())
             ahead = len(shap.complete_seeds()) + (left + len(self.pending)) / per_seed
             shap.horizon = max(getattr(shap, "horizon", 0.0) or 0.0, ahead)
-        return seeds(self, room)
+        return suggest(self, room)
 
     _mechanism.SeedShapley._failing = failing  # type: ignore[method-assign]
-    _stages.HeldShapley._seeds = projecting  # type: ignore[method-assign]
+    _stages.HeldShapley.suggest = projecting  # type: ignore[method-assign]
 
 
 def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
@@ -131,7 +157,7 @@ def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
     _quiet()
     base, tape = _job_and_tape(str(ROOT / "jobs" / name / "job.toml"))
     job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-    outcome, _, _ = run_local_scheduler(job, tape, Budget())
+    outcome, _, scheduler = run_local_scheduler(job, tape, Budget())
     first, right = top1("auto", outcome.attribution, top)
     return {
         "rule": rule,
@@ -141,7 +167,41 @@ def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
         "forks": outcome.progress.spent.forks,
         "first": first,
         "right": right,
+        "pair": _pair(scheduler.seed_shapley, top),
     }
+
+
+def _pair(shap: Any, top: list[int]) -> list[int] | None:
+    """A game of two candidates, one of them the exact top: the seeds where the top's phi
+    came out above the other's, below it, and all the complete seeds."""
+    if shap is None or len(shap.candidates) != 2 or len(set(top) & set(shap.candidates)) != 1:
+        return None
+    phi, _, _ = shap._per_seed()
+    i = shap.candidates.index(next(k for k in top if k in shap.candidates))
+    diff = phi[:, i] - phi[:, 1 - i]
+    return [int((diff > 0).sum()), int((diff < 0).sum()), int(diff.size)]
+
+
+def one_look_miss(wins: float, losses: float, seeds: int, alpha: float) -> float:
+    """How often the most powerful test of a pair at level alpha misses it: a test that
+    knows the top and the chance of each seed being a win or a loss, and looks once, at
+    `seeds` seeds (the randomized one-sided sign test on the seeds where the two differ,
+    the most powerful given their number: Neyman-Pearson)."""
+    from scipy.stats import binom
+
+    differ, share = wins + losses, wins / (wins + losses)
+    power = 0.0
+    for d in range(1, seeds + 1):
+        cut = int(binom.isf(alpha, d, 0.5))  # P(W > cut) <= alpha under a fair coin
+        while binom.sf(cut, d, 0.5) > alpha:
+            cut += 1
+        while cut > 0 and binom.sf(cut - 1, d, 0.5) <= alpha:
+            cut -= 1
+        at = float(binom.pmf(cut, d, 0.5))
+        chance = (alpha - float(binom.sf(cut, d, 0.5))) / at if at > 0 else 0.0
+        hit = float(binom.sf(cut, d, share)) + chance * float(binom.pmf(cut, d, share))
+        power += float(binom.pmf(d, seeds, differ)) * hit
+    return 1.0 - power
 
 
 def tie(rule: str) -> dict[str, Any]:
@@ -175,6 +235,29 @@ def _tops() -> dict[str, list[int]]:
         name: top_exact(Truth.model_validate_json(_solve(str(ROOT / "jobs" / name / "job.toml"))))
         for name in SCENARIOS
     }
+
+
+def _bounds(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per scenario whose shipped jobs ended on a game of the top and one rival: the pooled
+    per-seed rates of the pair and `one_look_miss` at the seeds a budget-ended job had."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in SCENARIOS:
+        runs = [r for r in results if r["rule"] == "shipped" and r["scenario"] == name]
+        pairs = [r["pair"] for r in runs if r["pair"] is not None]
+        ended = sorted(r["pair"][2] for r in runs if r["pair"] and r["ended"] == "budget")
+        if len(pairs) < len(runs) or not ended:
+            continue
+        seeds = sum(p[2] for p in pairs)
+        win, loss = sum(p[0] for p in pairs) / seeds, sum(p[1] for p in pairs) / seeds
+        n = ended[len(ended) // 2]
+        out[name] = {
+            "win": win,
+            "loss": loss,
+            "seeds": n,
+            "miss": one_look_miss(win, loss, n, 0.05),
+            "miss_half": one_look_miss(win, loss, n, 0.025),
+        }
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -211,9 +294,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"a tie called separated ({TIE_RUNS} runs)", *(f"{ties[rule]:.1%}" for rule in RULES)
     )
     console.print(table)
+    bounds = _bounds(results)
+    for name, b in bounds.items():
+        console.print(
+            f"{name}: a test that knew the top and the rates these jobs measured (a win in "
+            f"{b['win']:.3f} of seeds, a loss in {b['loss']:.3f}) and looked once, at the "
+            f"{b['seeds']} seeds a job that ended on its budget had (the median), would miss "
+            f"the pair {b['miss']:.1%} of the time at 5% one-sided, {b['miss_half']:.1%} at "
+            "2.5% (the top not known in advance)",
+            markup=False,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "stop_rules.json"
-    path.write_text(json.dumps({"seeds": args.seeds, "ties": ties, "runs": results}, indent=1))
+    path.write_text(
+        json.dumps(
+            {"seeds": args.seeds, "ties": ties, "one_look": bounds, "runs": results}, indent=1
+        )
+    )
     console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
     return 0
 
