@@ -47,6 +47,8 @@ from _common import ROOT, in_processes, make_console, seeds_args
 from go_on import SCENARIOS, STOPPED
 from rich.table import Table
 
+from car_ray.schedule._mechanism import MIN_SEEDS
+
 RULES = ("shipped", "horizon", "split")
 SPLIT = 0.7  # the share of alpha the split rule gives its horizon test
 TIE_RUNS = 1000
@@ -73,8 +75,6 @@ def _boundary(alpha: float) -> float:
 
 
 def _horizon_passes(diff: np.ndarray, alpha: float, horizon: float) -> bool:
-    from car_ray.schedule._mechanism import MIN_SEEDS
-
     n = diff.size
     total = float(diff.sum())
     if n < MIN_SEEDS or total <= 0:
@@ -192,11 +192,9 @@ def one_look_miss(wins: float, losses: float, seeds: int, alpha: float) -> float
     differ, share = wins + losses, wins / (wins + losses)
     power = 0.0
     for d in range(1, seeds + 1):
-        cut = int(binom.isf(alpha, d, 0.5))  # P(W > cut) <= alpha under a fair coin
-        while binom.sf(cut, d, 0.5) > alpha:
-            cut += 1
-        while cut > 0 and binom.sf(cut - 1, d, 0.5) <= alpha:
-            cut -= 1
+        # The fewest wins whose tail beyond is within alpha under a fair coin (scipy's isf of
+        # a discrete law: checked exact for d < 200 at 5% and 2.5%).
+        cut = int(binom.isf(alpha, d, 0.5))
         at = float(binom.pmf(cut, d, 0.5))
         chance = (alpha - float(binom.sf(cut, d, 0.5))) / at if at > 0 else 0.0
         hit = float(binom.sf(cut, d, share)) + chance * float(binom.pmf(cut, d, share))
