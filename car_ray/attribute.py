@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ from .results import (
     StageState,
     StageTime,
     TapeRef,
+    answer_of,
     describe_step,
     find_jobs,
     has_job,
@@ -84,6 +85,18 @@ log = structlog.get_logger("car_ray.attribute")
 
 # Job statuses that exit non-zero: a failed job, one that measured nothing, an interrupted one.
 EXIT_FAILED = FAILED_STATUSES | {"nothing_measured", "interrupted"}
+# `--strict`: the exit status of a job that ran as asked and did not answer (`unanswered`).
+EXIT_UNANSWERED = 3
+
+
+def unanswered(outcome: JobOutcome) -> bool:
+    """Whether a job that was not a failure left its question open: its budget ended before
+    its top separated, or with no blame shown and steps not examined (`Answer`). A job.json
+    written before answers were kept is judged by its notes (`answer_of`)."""
+    answer = answer_of(outcome.answer, outcome.status, outcome.notes)
+    return answer is not None and answer.kind in ("lead", "unanswered")
+
+
 # After Ctrl-C, how long forks in flight may take to settle before the driver stops anyway.
 INTERRUPT_GRACE_S = 5.0
 # A scorer that gave every one of at least this many scored forks the same value (the
@@ -380,7 +393,7 @@ def results_table(outcome: JobOutcome, tape: Tape | None = None) -> Group:
 class SavedOutcome(JobOutcome):
     """A job's outcome read back from its files (nothing ran): `info` is its job.json."""
 
-    info: JobInfo
+    info: JobInfo = field(kw_only=True)
 
 
 def load_saved(folder: str) -> SavedOutcome:
@@ -399,7 +412,9 @@ def load_saved(folder: str) -> SavedOutcome:
         provider_errors=info.provider_errors,
         spent=spent,
     )
-    return SavedOutcome(job_id, info.status, attribution, list(info.notes), progress, info)
+    return SavedOutcome(
+        job_id, info.status, attribution, list(info.notes), progress, info.answer, info=info
+    )
 
 
 def _cost(spend: Spend | None) -> Cost:
@@ -428,7 +443,10 @@ def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[
         "folder": shown(folder),
         "status": outcome.status,
         "measured": measured(outcome.attribution),
-        "verdict": verdict(outcome.attribution, tape, outcome.status, outcome.notes),
+        "verdict": verdict(
+            outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer
+        ),
+        "answer": outcome.answer.model_dump() if outcome.answer is not None else None,
         "forks_run": p.done,
         "resumed": p.resumed,
         "spent": p.spent.as_dict(),
@@ -741,8 +759,11 @@ class JobRun:
         # status (fork_statuses): a job whose forks mostly have no outcome is "failed".
         info.provider_errors = outcome.progress.provider_errors
         info.recorded_outcome = self.recorded
-        info.verdict = verdict(outcome.attribution, self.tape, outcome.status, outcome.notes)
+        info.verdict = verdict(
+            outcome.attribution, self.tape, outcome.status, outcome.notes, outcome.answer
+        )
         info.top_cause = top_cause(outcome.attribution, self.tape)
+        info.answer = outcome.answer
         write_attribution(self.out, self.job_id, outcome.attribution)
         info.write(self.out)
         try:

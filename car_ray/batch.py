@@ -29,6 +29,7 @@ from ._canon import digest_of
 from ._usercode import UserCodeError
 from .attribute import (
     EXIT_FAILED,
+    EXIT_UNANSWERED,
     JobRun,
     _iso,
     check_tape,
@@ -49,6 +50,7 @@ from .results import (
     Split,
     TraceRow,
     TraceState,
+    answer_of,
     hold_job,
     job_location,
     shown,
@@ -127,6 +129,18 @@ class BatchResult:
             return 1
         bad = [r for r in self.rows if r.status in EXIT_FAILED or r.status in UNATTRIBUTABLE]
         return 1 if self.rows and len(bad) / len(self.rows) > FAILED_SHARE else 0
+
+    def strict_exit_code(self) -> int:
+        """`exit_code`, and EXIT_UNANSWERED where it is 0 but a trace's job ran and did not
+        answer (`--strict`)."""
+        code = self.exit_code
+        if code == 0 and self.unanswered():
+            return EXIT_UNANSWERED
+        return code
+
+    def unanswered(self) -> list[TraceRow]:
+        """The traces whose job ran and did not answer (its budget ended first)."""
+        return [r for r in self.rows if r.answer in ("lead", "unanswered")]
 
 
 def find_tapes(source: str | None, tapes: Sequence[str]) -> list[str]:
@@ -388,11 +402,20 @@ def trace_row(trace: Trace, info: JobInfo | None) -> TraceRow:
         tokens=spend.tokens,
         wall_s=info.wall_s if info is not None else None,
         verdict=info.verdict if info is not None else None,
+        answer=_answer_kind(info),
         planted=trace.planted,
         planted_step=trace.planted_step,
         settings=json.dumps(trace.settings, sort_keys=True) if trace.settings else None,
         **_top_fields(trace.tape, info.top_cause if info is not None else None),
     )
+
+
+def _answer_kind(info: JobInfo | None) -> str | None:
+    """A trace's `Answer.kind` (from job.json; an older job.json's, from its notes)."""
+    if info is None or info.status not in ("complete", "budget_exhausted"):
+        return None
+    answer = answer_of(info.answer, info.status, info.notes)
+    return answer.kind if answer is not None else None
 
 
 def _reason(info: JobInfo | None) -> str | None:
@@ -808,9 +831,18 @@ def batch_text(result: BatchResult) -> str:
     for r in result.rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     s = result.info.spent
+    ran = [r for r in result.rows if r.answer is not None]
+    open_ = len(result.unanswered())
+    answers = (
+        f"; {len(ran) - open_} of {len(ran)} answered"
+        + (f" ({open_} not: their budget ended first)" if open_ else "")
+        if ran
+        else ""
+    )
     return (
         f"{result.info.kind} {result.info.status}: "
         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+        + answers
         + f"; {s.forks} forks, ${s.usd:.4f} spent in {result.info.wall_s or 0:.1f} s → "
         + shown(result.folder)
     )

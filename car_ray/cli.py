@@ -518,6 +518,15 @@ def attribute_cmd(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when the job did not answer (the budget ended before its top "
+            "separated, or with steps not examined); without it such a job exits 0 and its "
+            "verdict line says so",
+        ),
+    ] = False,
 ) -> None:
     """Find which step caused the bad outcome: forks on Ray, under the budget. A complete
     job is not run again: its results are printed (see --more)."""
@@ -560,7 +569,7 @@ def attribute_cmd(
     except Interrupted as exc:
         err.print(escape(str(exc)))
         raise typer.Exit(130) from None
-    _finish_outcome(folder, outcome, as_json, tape)
+    _finish_outcome(folder, outcome, as_json, tape, strict)
 
 
 @app.command("batch")
@@ -604,6 +613,13 @@ def batch_cmd(
     out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
     address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when a trace's job ran and did not answer (its budget ended first)",
+        ),
+    ] = False,
 ) -> None:
     """Attribute many failure traces under one budget, in one shared worker pool; output
     partitioned by trace (<out>/<batch_id>/trace=<id>/), a summary and a batch page."""
@@ -626,7 +642,7 @@ def batch_cmd(
             console=shown,
         )
 
-    _run_many("batch", jobs, start, as_json)
+    _run_many("batch", jobs, start, as_json, strict)
 
 
 @app.command("sweep")
@@ -635,6 +651,13 @@ def sweep_cmd(
     out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
     address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when a trace's job ran and did not answer (its budget ended first)",
+        ),
+    ] = False,
 ) -> None:
     """Run a grid of settings over one or more tapes under one global cap, in one shared
     pool; output partitioned by cell; a comparison table at the end. The same command on
@@ -649,14 +672,19 @@ def sweep_cmd(
     def start(shown: Console) -> BatchResult:
         return run_sweep(sweep_file, out=out, address=address, console=shown)
 
-    _run_many("sweep", [job], start, as_json)
+    _run_many("sweep", [job], start, as_json, strict)
 
 
 def _run_many(
-    kind: str, jobs: list[Job], start: Callable[[Console], BatchResult], as_json: bool
+    kind: str,
+    jobs: list[Job],
+    start: Callable[[Console], BatchResult],
+    as_json: bool,
+    strict: bool = False,
 ) -> None:
     """Run a batch or a sweep (`start`, given where its progress goes), print how it ended
-    (a sweep's comparison table first; or --json) and exit with its verdict."""
+    (a sweep's comparison table first; or --json) and exit with its verdict (`--strict`:
+    3 when a trace's job did not answer)."""
     from .batch import batch_text, rows_json
     from .execute import NoWorkers
     from .results import OutputError
@@ -685,12 +713,16 @@ def _run_many(
         if kind == "sweep":
             console.print(comparison(result))
         console.print(batch_text(result), markup=False, highlight=False)
-    raise typer.Exit(result.exit_code)
+    raise typer.Exit(result.strict_exit_code() if strict else result.exit_code)
 
 
-def _finish_outcome(folder: str, outcome: Any, as_json: bool, tape: Tape | None = None) -> None:
-    """Print a job's outcome (a table and lines, or --json) and exit with its verdict."""
-    from .attribute import EXIT_FAILED, summary
+def _finish_outcome(
+    folder: str, outcome: Any, as_json: bool, tape: Tape | None = None, strict: bool = False
+) -> None:
+    """Print a job's outcome (a table and lines, or --json) and exit with its verdict: 1 for
+    a failed job (130 interrupted); with `strict`, EXIT_UNANSWERED for one that did not
+    answer (`unanswered`)."""
+    from .attribute import EXIT_FAILED, EXIT_UNANSWERED, summary, unanswered
 
     if as_json:
         print(json.dumps(summary(folder, outcome, tape), indent=2, ensure_ascii=False, default=str))
@@ -698,6 +730,8 @@ def _finish_outcome(folder: str, outcome: Any, as_json: bool, tape: Tape | None 
         _print_outcome(folder, outcome, tape)
     if outcome.status in EXIT_FAILED:
         raise typer.Exit(130 if outcome.status == "interrupted" else 1)
+    if strict and unanswered(outcome):
+        raise typer.Exit(EXIT_UNANSWERED)
 
 
 def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
@@ -729,7 +763,7 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
         markup=False,
     )
     # The last line, whole: a log or a pipe greps it.
-    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes)
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
@@ -738,6 +772,15 @@ def show_cmd(
     target: Annotated[str, typer.Argument(help="a job's output folder, or its job id / name")],
     out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
     as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when the job did not answer (the budget ended before its top "
+            "separated, or with steps not examined); without it such a job exits 0 and its "
+            "verdict line says so",
+        ),
+    ] = False,
 ) -> None:
     """Reprint a past job's table and verdict from its files (nothing runs); exits as the
     job did."""
@@ -748,10 +791,12 @@ def show_cmd(
         folder = find_job(target, out)
     except (ValueError, OutputError) as exc:  # OutputError: a URI that cannot be opened
         raise _fail(str(exc)) from None
-    _show_saved(folder, as_json)
+    _show_saved(folder, as_json, strict=strict)
 
 
-def _show_saved(folder: str, as_json: bool, tape_path: str | None = None) -> None:
+def _show_saved(
+    folder: str, as_json: bool, tape_path: str | None = None, *, strict: bool = False
+) -> None:
     """A past job's table and verdict from its output folder; exits as the job did. A folder
     whose job never finished (killed, or still running) says it is partial and exits 1.
     `tape_path`: where else the job's tape may be (a submitted job's ran from a copy)."""
@@ -775,7 +820,10 @@ def _show_saved(folder: str, as_json: bool, tape_path: str | None = None) -> Non
             if found is not None and (recorded is None or recorded.id == found.tape_id):
                 tape = found
                 break
-    _finish_outcome(folder, outcome, as_json, tape)
+    if partial:
+        _finish_outcome(folder, outcome, as_json, tape)
+        raise typer.Exit(1)
+    _finish_outcome(folder, outcome, as_json, tape, strict)
     if partial:
         raise typer.Exit(1)
 
@@ -945,6 +993,15 @@ def results_cmd(
     address: Address = None,
     out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
     as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="exit 3 when the job did not answer (the budget ended before its top "
+            "separated, or with steps not examined); without it such a job exits 0 and its "
+            "verdict line says so",
+        ),
+    ] = False,
 ) -> None:
     """The ranked table and verdict of a job, local or submitted, from its Parquet and
     job.json (nothing runs); exits as the job did, 1 if it never finished."""
@@ -955,7 +1012,7 @@ def results_cmd(
         found = results_folder(target, out, address)
     except (ValueError, OutputError) as exc:  # ClusterError too; a URI that cannot be opened
         raise _fail(str(exc)) from None
-    _show_saved(found.folder, as_json, found.tape_path)
+    _show_saved(found.folder, as_json, found.tape_path, strict=strict)
 
 
 @app.command("inspect")

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from car_ray.attribute import results_table
 from car_ray.cli import app
 from car_ray.report import render_report
-from car_ray.results import JobInfo, verdict
+from car_ray.results import Answer, JobInfo, verdict
 from car_ray.schedule import JobOutcome, Progress
 from car_ray.tape import Tape
 
@@ -114,14 +114,17 @@ def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fi
     figures, never "fix", and says the top is not separated. A job that ended on its budget
     with no such note (the pinned Shapley of method "shapley" has no test of its top) keeps
     the line it had."""
-    note = "shapley: 12 seeds; the budget ended before the top separated: step 4 came out ahead"
-    line = verdict(_rows(), support_tape, "budget_exhausted", [note])
+    lead = Answer(kind="lead", steps=[0, 2, 4], examined=[2, 4], cleared=[0])
+    line = verdict(_rows(), support_tape, "budget_exhausted", [], lead)
     assert line.startswith(f"verdict: most likely step 4, where {REFUND_CALL}"), line
     assert "blame φ 0.60 [0.50, 0.70]" in line and "fix" not in line
     assert line.endswith(
         "not separated from the other steps: the budget ended first (see the notes)"
     ), line
     assert verdict(_rows(), support_tape, "budget_exhausted") == verdict(_rows(), support_tape)
+    # A job.json written before answers were kept says so in its shapley note alone.
+    note = "shapley: 12 seeds; the budget ended before the top separated: step 4 came out ahead"
+    assert verdict(_rows(), support_tape, "budget_exhausted", [note]) == line
 
 
 def test_record_prints_the_score_and_inspect_shows_one_step_in_full(tmp_path: Path) -> None:

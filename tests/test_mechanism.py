@@ -171,9 +171,10 @@ def test_a_job_that_finds_no_choice_says_how_far_its_draws_show_it() -> None:
         "re-draw(s) of each step show: at 95%, none leaves its recorded action more than 14% "
         "of the time"
     )
-    assert verdict(outcome.attribution, tape, outcome.status, outcome.notes).startswith(
-        "verdict: no step to blame"
-    )
+    assert outcome.answer is not None and outcome.answer.kind == "nothing"
+    assert outcome.answer.cleared == outcome.answer.steps and not outcome.answer.unexamined
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    assert line.startswith("verdict: no step to blame")
 
 
 def test_a_screen_that_gave_up_early_does_not_claim_no_step_chooses() -> None:

@@ -67,6 +67,9 @@ def _header(info: BatchInfo, traces: Sequence[TraceRow], word: str) -> str:
     status_class = "ok" if status in _OK else "warn"
     attributed = [r for r in traces if r.top_step is not None]
     line = f"{len(attributed)} of {len(traces)} {word} have a rank-1 cause"
+    open_ = [r for r in traces if r.answer in ("lead", "unanswered")]
+    if open_:
+        line += f"; {len(open_)} not answered (their budget ended first)"
     planted = [r for r in traces if r.planted_step is not None]
     if planted:
         named = sum(1 for r in planted if r.top_step == r.planted_step)

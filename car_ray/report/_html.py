@@ -116,7 +116,7 @@ def _header(tape: Tape, job: JobInfo, attribution: Sequence[Row]) -> str:
     notes_html = "".join(f'<p class="note">{esc(note)}</p>' for note in notes)
     result = _seal_result(tape)
     # The same line the command line ends with, from the rows and the tape.
-    line = verdict(attribution, tape, job.status, job.notes)
+    line = verdict(attribution, tape, job.status, job.notes, job.answer)
     verdict_html = f'<p class="verdict">{esc(line)}</p>' if attribution else ""
     return f"""<header>
 <h1>car-ray report <span class="status {status_class}">{esc(status)}</span></h1>

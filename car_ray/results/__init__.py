@@ -4,6 +4,7 @@ object in one PUT), to a local folder or any pyarrow filesystem URI."""
 
 from __future__ import annotations
 
+from .._answer import Answer, steps_text
 from ._batch import (
     SUMMARY_ROWS,
     TRACE_ROWS,
@@ -52,7 +53,7 @@ from ._rows import (
     fork_record,
 )
 from ._summary import summarize
-from ._verdict import describe_entry, describe_step, top_cause, verdict
+from ._verdict import answer_of, describe_entry, describe_step, top_cause, verdict
 
 __all__ = [
     "ATTRIBUTION_SCHEMA",
@@ -60,6 +61,7 @@ __all__ = [
     "JOB_JSON_VERSION",
     "SUMMARY_ROWS",
     "TRACE_ROWS",
+    "Answer",
     "AttributionRow",
     "BatchInfo",
     "Caps",
@@ -86,6 +88,7 @@ __all__ = [
     "TapeRef",
     "TraceRow",
     "TraceState",
+    "answer_of",
     "arrow_schema",
     "describe_entry",
     "describe_step",
@@ -99,6 +102,7 @@ __all__ = [
     "read_rows",
     "shown",
     "split_job_location",
+    "steps_text",
     "summarize",
     "top_cause",
     "verdict",

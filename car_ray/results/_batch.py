@@ -53,6 +53,9 @@ class TraceRow(BaseModel):
     tokens: int = 0
     wall_s: float | None = None
     verdict: str | None = None
+    # What its job could claim (`Answer.kind`: separated, precise, nothing, lead, unanswered,
+    # measured); None when no job ran or its job.json predates answers.
+    answer: str | None = None
     # Its rank-1 cause (`results.top_cause`): the first step, and whether it stands alone.
     top_step: Int32 | None = None
     top_kind: str | None = None  # llm or tool

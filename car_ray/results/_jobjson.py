@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from .._answer import Answer
 from ._output import JobDir
 
 JOB_JSON_VERSION = 1
@@ -156,6 +157,8 @@ class JobInfo(_Record):
     recorded_outcome: float | None = None  # the scorer's value on the tape
     verdict: str | None = None
     top_cause: dict[str, Any] | None = None
+    # What the forks let the job claim (`Answer`); absent in files written before it.
+    answer: Answer | None = None
 
     def to_json(self) -> str:
         """The file's text: the keys set so far (and `version`, first), pretty, no NaN."""

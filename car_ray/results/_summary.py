@@ -44,8 +44,8 @@ def summarize(
     """`SummaryRow`s: over the traces with a rank-1 cause (`top_step` set), how many name each
     step, tool, model (llm causes only) and intervention kind, out of all attributed traces
     (so a dimension's shares sum to less than 1 where a cause has no such key); then each
-    `status` over all traces. Wilson intervals at `confidence`; rows by dimension (that
-    order), then most traces first."""
+    `status` over all traces, and each `answer` over the traces whose job ran. Wilson
+    intervals at `confidence`; rows by dimension (that order), then most traces first."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     # Here, not at the top: `car_ray.schedule` imports Ray, and `car_ray.results` is also
@@ -55,6 +55,10 @@ def summarize(
     attributed = [t for t in traces if t.get("top_step") is not None]
     dimensions = [(name, attributed, key) for name, key in _BLAME]
     dimensions.append(("status", list(traces), lambda t: (str(t["status"]), (str(t["status"]),))))
+    # What each job that ran could claim (`Answer.kind`): an unanswered trace is counted as
+    # such, never as one with nothing to blame.
+    ran = [t for t in traces if t.get("answer")]
+    dimensions.append(("answer", ran, lambda t: (str(t["answer"]), (str(t["answer"]),))))
     rows: list[dict[str, Any]] = []
     for dimension, over, key_of in dimensions:
         counts: dict[str, int] = {}

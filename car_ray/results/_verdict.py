@@ -8,6 +8,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .._answer import Answer, legacy_answer, steps_text
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -92,8 +93,9 @@ def _level(rows: Sequence[Row]) -> str:
 
 def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] | None:
     """The job's one rank-1 cause: the re-drawn step with the most blame (φ, the held game),
-    with any step whose interval is not separated from it; else the intervention with the
-    highest flip-rate lower bound. None when nothing was measured."""
+    with any step whose interval is not separated from it; else the arm with the highest
+    flip-rate lower bound (another intervention, or a re-drawn step of a scheme that measures
+    flip-rates only). None when no effect was shown."""
     redrawn = [r for r in rows if r.get("intervention") == "resample" and r.get("phi") is not None]
     redrawn.sort(key=lambda r: (r.get("rank") is None, r.get("rank") or 0, -r["phi"]))
     if redrawn and redrawn[0]["phi"] > 0:
@@ -122,7 +124,10 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
             "confidence": top.get("confidence"),
         }
     others = [
-        r for r in rows if r.get("intervention") != "resample" and r.get("flip_lo") is not None
+        r
+        for r in rows
+        if (r.get("intervention") != "resample" or r.get("phi") is None)
+        and r.get("flip_lo") is not None
     ]
     others.sort(key=lambda r: (-r["flip_lo"], -(r["flip_rate"] or 0.0), r["step"]))
     if others and others[0]["flip_lo"] > 0:
@@ -145,13 +150,10 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
     return None
 
 
-def unseparated(status: str | None, notes: Iterable[str]) -> bool:
-    """Whether a job's held Shapley ended on its budget with no verdict (its notes say the
-    budget ended before the top separated, or before a step it found was measured): its
-    first row is a lead, not a step shown to be the one to fix."""
-    return status == "budget_exhausted" and any(
-        n.startswith("shapley:") and "budget ended" in n for n in notes
-    )
+def answer_of(answer: Answer | None, status: str | None, notes: Iterable[str]) -> Answer | None:
+    """The job's `Answer`: as the job kept it, or, for a job.json written before answers were
+    kept, what its status and notes say (`legacy_answer`)."""
+    return answer if answer is not None else legacy_answer(status, list(notes))
 
 
 def verdict(
@@ -159,23 +161,28 @@ def verdict(
     tape: Tape | None = None,
     status: str | None = None,
     notes: Iterable[str] = (),
+    answer: Answer | None = None,
 ) -> str:
     """One line: the step(s) to fix, what happened there, the effect with its interval and
-    the confidence level; or why there is no step to name. A job whose held Shapley ended
-    before its top separated (`unseparated`, from its status and notes) names its most likely
-    step(s) instead, and says so."""
+    the confidence level; or why there is no step to name. It never claims more than the
+    job's `Answer`: a job whose budget ended before its top separated names its most likely
+    step(s) and says so; "no step to blame" only when every re-drawn step was cleared (or
+    examined) and no blame was shown; otherwise "not answered", with the steps not examined
+    and what would examine them."""
+    answer = answer_of(answer, status, notes)
     top = top_cause(rows, tape)
+    ended = "the budget ended" if status in (None, "budget_exhausted") else f"the job {status}"
     if top is None:
         # A job whose status says nothing was measured is believed over rows with a value
         # (a step the screen cleared after a draw or two has phi 0 and no rank).
         measured = status != "nothing_measured" and any(
             r.get("phi") is not None or r.get("flip_n") for r in rows
         )
-        return "verdict: " + (
-            "no step to blame: no intervention changed the outcome"
-            if measured
-            else "no step measured"
-        )
+        if not measured:
+            return "verdict: no step measured"
+        if answer is not None and not answer.answered and answer.kind != "measured":
+            return "verdict: " + _not_answered(answer, rows, ended)
+        return "verdict: no step to blame: no intervention changed the outcome"
     level = _level(rows)
     steps = top["steps"]
     if top["measure"] == "phi":
@@ -194,24 +201,57 @@ def verdict(
             if nec is not None and len(steps) == 1
             else ""
         )
-        if unseparated(status, notes):
+        if answer is not None and answer.kind in ("lead", "unanswered"):
             # The job's own test of the top did not pass: the leader is a lead, not a verdict.
             head = "most likely " + " or ".join(parts)
             if len(steps) > 1:
                 head += " (not told apart)"
-            tail += "; not separated from the other steps: the budget ended first (see the notes)"
+            unseen = f", with {answer.unexamined_text()}" if answer.unexamined else ""
+            tail += f"; not separated from the other steps: {ended} first{unseen} (see the notes)"
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
-    # Blame not shown is not blame ruled out: say how much the intervals leave room for.
-    room = [
-        r["phi_hi"]
-        for r in rows
-        if r.get("intervention") == "resample" and r.get("phi_hi") is not None
-    ]
-    # Rounded up (a bound must not read below itself), and per step: each is a 95% bound.
-    most = math.ceil(round(max(room, default=0.0) * 100, 9)) / 100
-    lead = f"no re-drawn step showed blame (each φ at most {most:.2f}); " if room else ""
+    if answer is not None and answer.unexamined:
+        lead = f"the re-drawn steps are not answered ({answer.unexamined_text()}); "
+    else:
+        # Blame not shown is not blame ruled out: say how much the intervals leave room for.
+        room = [
+            r["phi_hi"]
+            for r in rows
+            if r.get("intervention") == "resample" and r.get("phi_hi") is not None
+        ]
+        # Rounded up (a bound must not read below itself), and per step: each is a 95% bound.
+        most = math.ceil(round(max(room, default=0.0) * 100, 9)) / 100
+        lead = f"no re-drawn step showed blame (each φ at most {most:.2f}); " if room else ""
     return (
         f"verdict: {lead}the {top['intervention']} intervention at step {s['step']}, where "
         f"{s['what']}, flips the outcome {_span(s['value'], s['low'], s['high'])}{level}"
     )
+
+
+def _not_answered(answer: Answer, rows: Sequence[Row], ended: str) -> str:
+    """The verdict of a job that showed no blame and did not clear every step: what was and
+    was not examined, and what would examine the rest."""
+    if answer.unexamined:
+        seen = (
+            f"no blame shown among {steps_text(answer.examined)}"
+            if answer.examined
+            else "no blame shown"
+        )
+        if answer.cleared:
+            seen += f" ({steps_text(answer.cleared)} cleared)"
+        return f"not answered: {ended} with {answer.unexamined_text()}, and {seen}" + (
+            answer.going_on()
+        )
+    if answer.examined:
+        room = max(
+            (r["phi_hi"] if r.get("phi_hi") is not None else r.get("flip_hi") or 0.0)
+            for r in rows
+            if r.get("intervention") == "resample" and r["step"] in answer.examined
+        )
+        most = math.ceil(round(room * 100, 9)) / 100
+        return (
+            f"not answered: {ended} before the blame of {steps_text(answer.examined)} was "
+            f"shown above 0 or within the target; none showed blame (each at most {most:.2f})"
+            f"{_level(rows)} (see the notes)"
+        )
+    return f"not answered: {ended} before the top separated (see the notes)"

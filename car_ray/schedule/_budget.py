@@ -276,6 +276,23 @@ class BudgetGovernor:
                 return name
         return None
 
+    def go_on(self, more: int) -> tuple[str, str]:
+        """The options that let the same job go on for `more` forks beyond what it spent
+        (and carried), '--max-forks 260 --max-usd 0.52'; and, when it ended on a cap those
+        do not raise, which to raise in the job file (else '')."""
+        spent, carried = self.spent, self.carried
+        options = f"--max-forks {spent.forks + carried.forks + more}"
+        if self.budget.max_usd is not None and spent.usd > 0:
+            usd = spent.usd + carried.usd + more * spent.usd / max(1, spent.forks)
+            options += f" --max-usd {usd:.4g}"
+        ended = self.exhausted
+        also = (
+            f"it ended on its {ended}: raise that in the job file too"
+            if ended not in (None, "max_forks", "max_usd")
+            else ""
+        )
+        return options, also
+
     @property
     def last_refusal(self) -> str | None:
         """Why the last `try_reserve` was refused (None if it succeeded)."""

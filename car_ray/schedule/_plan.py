@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from .._answer import Answer
 from .._canon import canonical_bytes, digest_of, sha256_hex
 from ..execute import Executor, Item, Row, RowSink
 from ..job import Job
@@ -38,7 +39,9 @@ from ._stages import (
     Stage,
     Uniform,
     arm_key_of,
+    held_answer,
     held_notes,
+    measured_answer,
 )
 
 MIN_FORKS_PER_COALITION = 4
@@ -108,6 +111,8 @@ class JobOutcome:
     attribution: list[dict[str, Any]]
     notes: list[str]
     progress: Progress
+    # What the forks let the job claim (None: read from a job.json written before answers).
+    answer: Answer | None = None
 
 
 def job_arms(job: Job, tape: Tape) -> list[Arm]:
@@ -684,8 +689,9 @@ class Scheduler:
         self.progress.in_flight = 0  # every fork asked for has settled or been given up
         self.sink.flush()
         rows = [self._stamped(r) for r in self.aggregate()]
+        answer = held_answer(self) if self.spec.method == "auto" else measured_answer(self, rows)
         self.tick()
-        return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress)
+        return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress, answer)
 
     def _stamped(self, row: dict[str, Any]) -> dict[str, Any]:
         """An attribution row as attribution.parquet holds it: with its job and the

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
+from .._answer import Answer
 from ..execute import Row
 from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy, Tail, is_bad
 from ._estimators import Race, ShapleyPlanner, shapley_planner
@@ -577,18 +578,8 @@ class HeldShapley(BaseStage):
             return f"{text}. How many more forks would separate it is not known from these"
         more = math.ceil(forks * GO_ON_SLACK)
         forks = math.ceil(forks)
-        governor = job.governor
-        spent, carried, caps = governor.spent, governor.carried, governor.budget
-        go_on = f"--max-forks {spent.forks + carried.forks + more}"
-        if caps.max_usd is not None and spent.usd > 0:
-            usd = spent.usd + carried.usd + more * spent.usd / spent.forks
-            go_on += f" --max-usd {usd:.4g}"
-        ended = governor.exhausted
-        also = (
-            f" (it ended on its {ended}: raise that in the job file too)"
-            if ended not in (None, "max_forks", "max_usd")
-            else ""
-        )
+        go_on, also = job.governor.go_on(more)
+        also = f" ({also})" if also else ""
         return (
             f"{text}. If the forks to come go as these did, about {forks} more would separate "
             f"it: the same command with {go_on} ({more} more, for the chance they do not) "
@@ -801,6 +792,81 @@ def held_notes(job: Scheduler) -> list[str]:
     else:
         notes.append("shapley: no step makes a choice that could change the outcome")
     return notes
+
+
+def held_answer(job: Scheduler) -> Answer:
+    """What the held screen and Shapley let the job claim (`Answer`). With a verdict, every
+    re-drawn step is examined (a Shapley candidate) or cleared by the verdict's own rule.
+    Without one (the budget ended first), a step the screen did not find is cleared only
+    with the SCREEN_CLEAN clean re-draws a "no step makes a choice" note rests on; a step
+    found and not measured, or not found and short of them, is unexamined. The projection
+    for unexamined steps grows the forks so far with the square of the steps examined or
+    cleared (every step found starts Shapley over, and its seeds cost a fork a candidate),
+    with GO_ON_SLACK of it again in the options."""
+    steps = [a.step for a in job.arms if a.kind == "resample"]
+    screen, shap = job.screen, job.seed_shapley
+    if screen is None:  # the job ended before its screen began
+        return Answer(kind="unanswered", steps=steps, unexamined=steps, never=steps)
+    estimates = shap.estimates() if shap is not None else {}
+    examined = [k for k in steps if k in estimates]
+    if job.verdict is not None:
+        kind = job.verdict[0] if job.verdict != ("separated", []) else "nothing"
+        return Answer(
+            kind=kind,
+            steps=steps,
+            examined=examined,
+            cleared=[k for k in steps if k not in estimates],
+        )
+    cleared, unexamined = [], []
+    for k in steps:
+        if k in estimates:
+            continue
+        if k not in screen.hits and screen.clean.get(k, 0) >= SCREEN_CLEAN:
+            cleared.append(k)
+        else:
+            unexamined.append(k)
+    never = [k for k in unexamined if k not in screen.hits and not screen.clean.get(k, 0)]
+    shown = any((phi.value or 0.0) > 0 for phi, _, _ in estimates.values())
+    more = go_on = None
+    if unexamined and (examined or cleared):
+        spent = job.governor.spent.forks + job.governor.carried.forks
+        seen = len(examined) + len(cleared)
+        more = math.ceil(spent * (((seen + len(unexamined)) / seen) ** 2 - 1))
+        go_on, also = job.governor.go_on(math.ceil(more * GO_ON_SLACK))
+        go_on = f"{go_on}; {also}" if also else go_on
+    return Answer(
+        kind="lead" if shown else "unanswered",
+        steps=steps,
+        examined=examined,
+        cleared=cleared,
+        unexamined=unexamined,
+        never=never,
+        more_forks=more,
+        go_on=go_on,
+    )
+
+
+def measured_answer(job: Scheduler, table: Sequence[dict[str, Any]]) -> Answer:
+    """What a comparison scheme's table (uniform, flip, shapley: no stopping rule) lets the
+    job claim: a measured effect if any interval is shown above 0; else nothing to blame
+    only when every re-drawn step's flip-rate is shown within the target half-width, and
+    not answered otherwise."""
+    steps = [a.step for a in job.arms if a.kind == "resample"]
+    rows = {r["step"]: r for r in table if r["intervention"] == "resample"}
+    examined = [k for k in steps if rows.get(k, {}).get("flip_n")]
+    target = job.spec.target_half_width
+    cleared = [k for k in examined if (rows[k].get("flip_hi") or 1.0) <= target]
+    unexamined = [k for k in steps if k not in examined]
+    shown = any((r.get("phi_lo") or 0.0) > 0 or (r.get("flip_lo") or 0.0) > 0 for r in table)
+    kind = "measured" if shown else "nothing" if len(cleared) == len(steps) else "unanswered"
+    return Answer(
+        kind=kind,
+        steps=steps,
+        examined=[k for k in examined if k not in cleared],
+        cleared=cleared,
+        unexamined=unexamined,
+        never=unexamined,
+    )
 
 
 def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, learn: bool) -> None:

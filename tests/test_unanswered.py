@@ -1,0 +1,151 @@
+"""The verdict line never claims more than the forks showed: "no step to blame" only when
+every step was cleared. tests/scenarios/wordy is a payout review whose every note varies its
+wording (five wordings, as a real model's would) and whose failure is decided at step 11:
+under a small cap the budget ends before step 11 is ever reached, and every path a user reads
+(the CLI's last line, `show`, the report, job.json, a batch's rows and summary, the exit
+status under --strict) says the job did not answer, never that nothing is to blame."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from car_ray._answer import Answer
+from car_ray.batch import batch_text, run_batch
+from car_ray.bench import _job_and_tape
+from car_ray.cli import app
+from car_ray.job import Job
+from car_ray.results import verdict
+from car_ray.schedule import Budget
+from car_ray.tape import Tape
+from car_ray.truth import run_local
+
+from .conftest import ROOT
+
+WORDY = ROOT / "tests" / "scenarios" / "wordy" / "job.toml"
+DECISION = 11  # the step that decides the payout (tests/scenarios/wordy/agent.py)
+CAP = 40
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def wordy() -> tuple[Job, Tape]:
+    job, tape = _job_and_tape(str(WORDY))
+    assert len(tape.steps) == 14
+    return job, tape
+
+
+def test_a_budget_that_ends_before_the_cause_is_examined_is_not_answered(
+    wordy: tuple[Job, Tape],
+) -> None:
+    """Under 40 forks the screen finds the first notes (every re-draw changes their words),
+    Shapley over them shows no blame, and the budget ends with the decision never reached.
+    The answer says which steps were examined and which never were, the verdict line says
+    "not answered" with them and a cap that would go on, and never "no step to blame"."""
+    base, tape = wordy
+    for seed in range(2):
+        job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
+        outcome, _ = run_local(job, tape, Budget(max_forks=CAP))
+        answer = outcome.answer
+        assert outcome.status == "budget_exhausted" and answer is not None
+        assert answer.kind == "unanswered" and not answer.answered
+        assert DECISION in answer.unexamined and DECISION in answer.never
+        assert sorted(answer.examined + answer.cleared + answer.unexamined) == list(range(14))
+        line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, answer)
+        assert "no step to blame" not in line
+        assert line.startswith("verdict: not answered: the budget ended with steps "), line
+        assert "never examined" in line and "no blame shown among step" in line
+        more = re.search(r"about (\d+) more forks would examine them \(--max-forks (\d+)\)", line)
+        assert more is not None, line
+        assert int(more[1]) > 0 and int(more[2]) > outcome.progress.spent.forks + int(more[1])
+
+
+def test_every_path_a_user_reads_says_the_job_did_not_answer(
+    ray_local: None, wordy: tuple[Job, Tape], tmp_path: Path
+) -> None:
+    """`car-ray attribute --strict` exits 3 and ends on the "not answered" line; job.json
+    keeps the answer and names no top cause; the report opens with the same line; `show`
+    prints it again and exits as the job did (3 with --strict, 0 without)."""
+    out = tmp_path / "out"
+    args = ["attribute", str(WORDY), "--max-forks", str(CAP), "--out", str(out)]
+    ran = cli.invoke(app, [*args, "--strict"])
+    assert ran.exit_code == 3, ran.output
+    line = ran.output.strip().splitlines()[-1]
+    assert line.startswith("verdict: not answered: the budget ended with steps "), line
+    assert "no step to blame" not in ran.output
+
+    (folder,) = [p for p in out.iterdir() if (p / "job.json").exists()]
+    info = json.loads((folder / "job.json").read_text())
+    assert info["status"] == "budget_exhausted" and info["top_cause"] is None
+    assert info["verdict"] == line
+    assert info["answer"]["kind"] == "unanswered" and DECISION in info["answer"]["never"]
+    page = (folder / "report.html").read_text()
+    assert line.replace('"', "&quot;").removeprefix("verdict: ") in page
+
+    shown = cli.invoke(app, ["show", str(folder), "--strict"])
+    assert shown.exit_code == 3 and shown.output.strip().splitlines()[-1] == line
+    assert cli.invoke(app, ["show", str(folder)]).exit_code == 0
+
+
+def test_a_batch_counts_a_trace_that_could_not_answer_as_unanswered(
+    ray_local: None, wordy: tuple[Job, Tape], tmp_path: Path
+) -> None:
+    """In a batch, the trace whose job ran out of budget is counted as not answered in its
+    row, the summary and the batch's line, never as one with nothing to blame; --strict
+    turns that into exit status 3."""
+    job, tape = wordy
+    result = run_batch(job, [str(tape.path)], out=str(tmp_path), max_forks=CAP)
+    (row,) = result.rows
+    assert row.status == "budget_exhausted" and row.answer == "unanswered"
+    assert row.top_step is None and (row.verdict or "").startswith("verdict: not answered")
+    assert result.exit_code == 0 and result.strict_exit_code() == 3
+    summary = pq.read_table(Path(result.folder) / "summary.parquet").to_pylist()
+    answers = [(s["key"], s["traces"], s["of"]) for s in summary if s["dimension"] == "answer"]
+    assert answers == [("unanswered", 1, 1)]
+    assert "0 of 1 answered (1 not: their budget ended first)" in batch_text(result)
+    page = (Path(result.folder) / "report.html").read_text()
+    assert "1 not answered (their budget ended first)" in page
+
+
+def test_a_lead_with_steps_never_examined_says_so(support_tape: Tape) -> None:
+    """A job whose budget ended with a leader shown but steps never examined names the
+    leader as the most likely step and the steps it never reached."""
+    rows = [
+        {
+            "step": 4,
+            "label": "openai:gpt-4o-mini",
+            "intervention": "resample",
+            "rank": 1,
+            "phi": 0.3,
+            "phi_lo": 0.1,
+            "phi_hi": 0.5,
+            "necessity": 0.3,
+            "confidence": 0.95,
+        }
+    ]
+    answer = Answer(kind="lead", steps=[0, 2, 4, 6], examined=[4], unexamined=[0, 2, 6], never=[6])
+    line = verdict(rows, support_tape, "budget_exhausted", [], answer)
+    assert line.startswith("verdict: most likely step 4, where"), line
+    assert line.endswith(
+        "not separated from the other steps: the budget ended first, with step 6 never "
+        "examined, steps 0 and 2 examined too little to clear (see the notes)"
+    ), line
+
+
+def test_a_uniform_scheme_names_the_step_its_flip_rates_show() -> None:
+    """The uniform scheme measures flip-rates only (no phi): a re-drawn step whose flip-rate
+    is shown above 0 is its top, not "no step to blame" (jobs/and_conj, 4 forks a step,
+    held tail: steps 2 and 4 each flip the outcome; exact necessity 0.7 each)."""
+    job, tape = _job_and_tape("jobs/and_conj/job.toml")
+    spec = job.spec.model_copy(
+        update={"method": "uniform", "forks_per_step": 4, "uniform_tail": "held"}
+    )
+    outcome, _ = run_local(Job(job.path, spec), tape, Budget())
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    assert outcome.answer is not None and outcome.answer.kind == "measured"
+    assert re.match(r"verdict: the resample intervention at step [24], where", line), line
