@@ -1,9 +1,9 @@
 """What one ForkWorker SIGKILL costs an attribution job: forks lost and budget charged.
 
-Runs the demo job (jobs/support_refund, method "flip", 30 ms of simulated latency, a cap of
---max-forks forks) with `car_ray.attribute.attribute` on an embedded local Ray, and SIGKILLs
-the first worker's process once --kill-after forks are done. Ray restarts the worker; the job
-goes on. Each run reports:
+Runs the demo job (jobs/support_refund, method "uniform" with a live tail, 30 ms of simulated
+latency, a cap of --max-forks forks) with `car_ray.attribute.attribute` on an embedded local
+Ray, and SIGKILLs the first worker's process once --kill-after forks are done. Ray restarts
+the worker; the job goes on. Each run reports:
 
   lost        forks (and batches) the executor returned as `BatchLost`: the scheduler charges
               each its whole reservation and runs it again under a new one;
@@ -186,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = make_console()
     warn_if_loaded(console)
     base = load_job(JOB_FILE)
-    spec = base.spec.model_copy(update={"method": "flip", "target_half_width": 0.01}, deep=True)
+    update = {"method": "uniform", "uniform_tail": "live", "forks_per_step": 10_000}
+    spec = base.spec.model_copy(update=update, deep=True)
     spec.budget.max_forks = args.max_forks
     spec.provider.sim_latency_ms = args.latency_ms
     job = Job(base.path, spec)

@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ._canon import sha256_hex
 from ._files import UnreadableFile, read_regular_file
@@ -113,7 +121,7 @@ class JobSpec(BaseModel):
         "are independent trials (part of the job id)",
     )
     input: Any = None
-    method: Literal["auto", "uniform", "flip", "shapley"] = "auto"
+    method: Literal["auto", "uniform"] = "auto"
     forks_per_step: int = Field(
         default=4, ge=1, le=10_000, description="method 'uniform': forks for every arm"
     )
@@ -128,6 +136,17 @@ class JobSpec(BaseModel):
     )
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _removed_method(cls, value: Any) -> Any:
+        if value in ("flip", "shapley"):
+            raise ValueError(
+                f"method {value!r} was removed (docs/design.md, 'The comparison schemes'): "
+                'use method = "auto" to attribute, or method = "uniform" with '
+                f'uniform_tail = "{"live" if value == "flip" else "pinned"}" to compare'
+            )
+        return value
 
 
 AttributionRequest = JobSpec

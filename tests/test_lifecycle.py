@@ -119,17 +119,18 @@ def test_a_job_that_measured_nothing_exits_1_and_says_what_budget_would_answer(
     assert text.endswith("verdict: no step measured")
 
 
-def test_the_older_methods_rank_only_measured_arms(support_job: Job, support_tape: Tape) -> None:
-    job = Job(support_job.path, support_job.spec.model_copy(update={"method": "flip"}))
+def test_the_uniform_scheme_ranks_only_measured_arms(support_job: Job, support_tape: Tape) -> None:
+    job = Job(support_job.path, support_job.spec.model_copy(update={"method": "uniform"}))
     outcome, _ = run_local(job, support_tape, Budget(max_forks=1))
-    assert outcome.attribution and all(r["flip_n"] == 0 for r in outcome.attribution)
-    assert all(r["rank"] is None for r in outcome.attribution), outcome.attribution
+    (measured,) = [r for r in outcome.attribution if r["flip_n"]]
+    assert measured["rank"] == 1 and len(outcome.attribution) > 1
+    assert all(r["rank"] is None for r in outcome.attribution if r is not measured)
     page = render_report(
         tape=support_tape,
         attribution=outcome.attribution,
         job=JobInfo(job_id="x", status=outcome.status),
     )
-    assert "top cause" not in page
+    assert page.count("top cause") == 1
 
 
 # -- 3. checks before spending ------------------------------------------------------------------

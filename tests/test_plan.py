@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from car_ray.execute import Item
-from car_ray.job import InterventionEntry, Job, load_job
+from car_ray.job import InterventionEntry, Job, JobFileError, load_job
 from car_ray.providers import PriceTable
 from car_ray.replay import ForkSpec, Resample, SwapPolicy
 from car_ray.schedule import Budget, Scheduler, effective_budget
 from car_ray.schedule._plan import DEFAULT_MAX_FORKS
-from car_ray.schedule._stages import BaseStage
+from car_ray.schedule._stages import SHAPLEY_SEEDS, BaseStage
 from car_ray.tape import Tape
 
 from .conftest import SUPPORT_JOB
@@ -51,15 +52,16 @@ def test_an_intervention_that_misfits_its_step_is_refused_before_any_fork(
 
 def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
     s = _scheduler(support_tape)
-    screened = [s._spec("screen", "resample@4", {4: Resample()}, "live", j) for j in range(4)]
-    raced = s._spec("race", "resample@4", {4: Resample()}, "live")
-    # The race goes on from the screen's seeds: a race fork is never a screen row again.
-    assert raced.seed == s.seed_base + 4
-    assert raced.task_id not in {f.task_id for f in screened}
-    control = s._spec("controls", "pinned", {}, "pinned", 0)
-    empty = s._spec("shapley", "", {}, "pinned")
-    # The pinned-everything control is the empty coalition: they share one counter.
-    assert empty.seed == s.seed_base + 1 and empty.task_id != control.task_id
+    screened = [s._spec("screen", "block", {4: Resample()}, "held") for _ in range(4)]
+    # A screen fork counts on from the last: the j-th is always seed j, never a row again.
+    assert [f.seed - s.seed_base for f in screened] == [0, 1, 2, 3]
+    control = s._spec("controls", "held", {}, "held", 0)
+    shapley = s._spec("shapley", "4", {4: Resample()}, "held", SHAPLEY_SEEDS)
+    (observation, *_) = [a for a in s.arms if a.kind == "observation"]
+    plan = {observation.step: observation.intervention}
+    arm = s._spec("arms", observation.key, plan, "held", 0)
+    tasks = [f.task_id for f in [*screened, control, shapley, arm]]
+    assert len(set(tasks)) == len(tasks)
 
 
 def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -> None:
@@ -87,22 +89,6 @@ def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -
     # A fork with nothing live on the tape after its first intervention (here: none at all)
     # still has room for one call, as large as the tape's largest.
     assert s.estimate(ForkSpec(tape_id=support_tape.tape_id, interventions={})).usd > 0
-
-
-def test_a_resumed_job_keeps_the_shapley_candidates_its_first_run_chose(
-    support_tape: Tape,
-) -> None:
-    rates = {0: 0.1, 2: 0.5, 4: 0.9, 6: 0.2}
-    fresh = _scheduler(support_tape)
-    # max_forks 10 leaves room for 2^2 coalitions of MIN_FORKS_PER_COALITION: the top two.
-    assert fresh._shapley_candidates(rates) == [2, 4]
-
-    # Kept even though no coalition holding step 6 or 0 was written before the driver died.
-    kept = _scheduler(support_tape, candidates=[6, 0])
-    assert kept._shapley_candidates(rates) == [0, 6]
-    # A budget with room for more adds the next steps by flip-rate to the kept ones.
-    grown = _scheduler(support_tape, candidates=[6])
-    assert grown._shapley_candidates(rates) == [4, 6]
 
 
 def test_a_job_with_no_caps_runs_and_says_it_runs_under_the_default_fork_cap() -> None:
@@ -221,3 +207,10 @@ def test_steps_with_equal_blame_are_ranked_by_how_often_re_drawing_them_alone_cl
     rows = [row(6, -0.1, 0.0), row(4, 0.0, 0.0), row(2, 0.0, 0.0)]
     _rank(rows, "phi")
     assert [(r["step"], r["rank"]) for r in rows] == [(6, 3), (4, 1), (2, 1)]
+
+
+def test_a_job_file_naming_a_removed_method_says_what_to_use(tmp_path: Path) -> None:
+    text = SUPPORT_JOB.read_text().replace('method = "auto"', 'method = "flip"')
+    (tmp_path / "job.toml").write_text(text)
+    with pytest.raises(JobFileError, match=r"job.toml: key 'method': .*'flip' was removed"):
+        load_job(tmp_path / "job.toml")

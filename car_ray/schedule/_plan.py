@@ -23,19 +23,15 @@ from ..providers import PriceTable
 from ..replay import ForkSpec, Intervention, SpendLimit, SwapPolicy, Tail, call_bound
 from ..tape import LlmEvent, Tape, ToolEvent
 from ._budget import Budget, BudgetGovernor, Cost
-from ._estimators import Race, ShapleyPlanner, confidence_sequence, wilson
+from ._estimators import wilson
 from ._loop import Gate, RunLoop
 from ._mechanism import DeviationScreen, Interval, SeedShapley
 from ._stages import (
     UNSCORED,
-    Controls,
-    FlipRace,
-    FlipScreen,
     HeldArms,
     HeldControl,
     HeldScreen,
     Next,
-    PinnedShapley,
     Stage,
     Uniform,
     arm_key_of,
@@ -44,10 +40,9 @@ from ._stages import (
     measured_answer,
 )
 
-MIN_FORKS_PER_COALITION = 4
 OUTPUT_FLOOR_TOKENS = 256
 LEARNED_OUTPUT_FLOOR = 32
-DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all (legacy methods)
+DEFAULT_MAX_FORKS = 2000  # when a job sets no cap at all and its tape is not known
 DEFAULT_FORKS_PER_STEP = 10  # the auto method's cap when a job sets none: 10 forks a step
 TAIL_SLACK = 2  # a live tail may make this many times the recorded calls before it is cut
 # A job's statuses that are a failed job: its CLI exits non-zero.
@@ -256,8 +251,6 @@ class Scheduler:
         self.verdict: tuple[str, list[int]] | None = None
         # Why the budget ended before a verdict, and what would give one (`HeldShapley`).
         self.unsettled: str | None = None
-        self.shapley: ShapleyPlanner[int] | None = None
-        self.races: dict[str, Race[str]] = {}
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
         # from job.json: its flip-rates, and so its choice, may differ now).
         self.candidates: list[int] = sorted(candidates or [])
@@ -521,14 +514,7 @@ class Scheduler:
             # The other arms first: with a seed-honouring provider each is one exact fork,
             # and Shapley may spend whatever the budget has left.
             return [HeldControl(self), HeldArms(self), HeldScreen(self)]
-        if self.spec.method == "uniform":
-            return [Uniform(self)]
-        stages: list[Stage] = [Controls(self), FlipScreen(self)]
-        if self.spec.method == "flip":
-            stages.append(FlipRace(self))
-        if self.spec.method == "shapley":
-            stages.append(PinnedShapley(self))
-        return stages
+        return [Uniform(self)]
 
     def run(self) -> JobOutcome:
         """Run the job alone on its executor (`RunLoop` runs many at once)."""
@@ -614,51 +600,6 @@ class Scheduler:
                     out.append((spec, row))
         return out
 
-    def _arm_rows(self, arm: Arm) -> list[dict[str, Any]]:
-        return self.rows_by_arm[("screen", arm.key)] + self.rows_by_arm[("race", arm.key)]
-
-    def _quota(self, share: float) -> int:
-        """Forks a stage may plan for: a share of what the caps leave, at the mean cost of
-        the forks run so far. Only a plan: the governor enforces the caps."""
-        left = self.governor.remaining()
-        done = [r for r in self.rows_by_task.values()]
-        counts = []
-        if left.forks is not None:
-            counts.append(left.forks)
-        if left.usd is not None:
-            per_usd = max(1e-12, sum(r["cost_usd"] for r in done) / max(1, len(done)))
-            counts.append(int(left.usd / per_usd))
-        if left.tokens is not None:
-            per_tok = max(
-                1.0, sum(r["tokens_in"] + r["tokens_out"] for r in done) / max(1, len(done))
-            )
-            counts.append(int(left.tokens / per_tok))
-        return int(share * min(counts)) if counts else DEFAULT_MAX_FORKS
-
-    def _shapley_candidates(self, rates: dict[int, float]) -> list[int]:
-        """As many steps (by flip-rate, at most ten) as the budget can give every coalition a
-        few forks: 2^k coalitions, MIN_FORKS_PER_COALITION each. A resumed job keeps the
-        steps its first run chose (saved in job.json; from an older job.json, the steps its
-        written coalitions name), so the rows already written stay usable, and adds the next
-        steps by flip-rate if its budget now allows more: v(S) does not depend on which
-        other steps are candidates."""
-        kept = set(self.candidates) or {
-            int(k)
-            for (stage, key) in self.rows_by_arm
-            if stage == "shapley"
-            for k in key.split(",")
-            if k
-        }
-        left = self._quota(1.0)
-        size = 2
-        while size < min(10, len(rates)) and 2 ** (size + 1) * MIN_FORKS_PER_COALITION <= left:
-            size += 1
-        for k in sorted(rates, key=lambda k: (-rates[k], k)):
-            if len(kept) >= size:
-                break
-            kept.add(k)
-        return sorted(kept)
-
     # -- aggregate ----------------------------------------------------------------------------
 
     def _finish(self) -> JobOutcome:
@@ -701,59 +642,7 @@ class Scheduler:
     def aggregate(self) -> list[dict[str, Any]]:
         if self.spec.method == "auto":
             return self._aggregate_held()
-        if self.spec.method == "uniform":
-            return self._aggregate_flips("uniform")
-        z_alpha = self.alpha
-        shap = self.shapley.estimates().rows() if self.shapley is not None else {}
-        out: list[dict[str, Any]] = []
-        for arm in self.arms:
-            rows = [r for r in self._arm_rows(arm) if r["flipped"] is not None]
-            flips = sum(bool(r["flipped"]) for r in rows)
-            n = len(rows)
-            lo, hi = confidence_sequence(flips, n, z_alpha) if n else (None, None)
-            event = self.steps[arm.step]
-            record: dict[str, Any] = {
-                "step": arm.step,
-                "step_kind": event.type,
-                "label": f"{event.provider}:{event.model}"
-                if isinstance(event, LlmEvent)
-                else event.name,
-                "intervention": arm.kind,
-                "flip_rate": flips / n if n else None,
-                "flip_lo": lo,
-                "flip_hi": hi,
-                "flip_n": n,
-                "phi": None,
-                "phi_lo": None,
-                "phi_hi": None,
-                "phi_se": None,
-                "necessity": None,
-                "necessity_lo": None,
-                "necessity_hi": None,
-                "necessity_n": 0,
-                "sufficiency": None,
-                "sufficiency_lo": None,
-                "sufficiency_hi": None,
-                "sufficiency_n": 0,
-                "rank": None,
-            }
-            if arm.kind == "resample" and arm.step in shap:
-                record.update({k: v for k, v in shap[arm.step].items() if k != "phi_n"})
-            out.append(record)
-        for kind in {r["intervention"] for r in out}:
-            # Only what was measured is ranked: an arm without a fork has no place.
-            _share_ranks(
-                [
-                    r
-                    for r in out
-                    if r["intervention"] == kind and (r["phi"] is not None or r["flip_n"])
-                ],
-                lambda r: (
-                    -(r["phi"] if r["phi"] is not None else float("-inf")),
-                    -(r["flip_rate"] or 0.0),
-                ),
-            )
-        return sorted(out, key=_table_order)
+        return self._aggregate_flips("uniform")
 
     def _record(self, arm: Arm) -> dict[str, Any]:
         event = self.steps[arm.step]

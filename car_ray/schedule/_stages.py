@@ -23,8 +23,7 @@ import structlog
 
 from .._answer import Answer
 from ..execute import Row
-from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy, Tail, is_bad
-from ._estimators import Race, ShapleyPlanner, shapley_planner
+from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy
 from ._mechanism import MIN_SEEDS, DeviationScreen, SeedShapley, clean_to_clear
 
 if TYPE_CHECKING:
@@ -41,10 +40,6 @@ CONTROL_HINT = (
     "ctx.random. Check: `car-ray fork TAPE --job JOB.toml --step 0 --tail pinned` twice; "
     "both rows must show the tape's outcome and no divergence"
 )
-CONTROL_FORKS = 4
-BASE_RATE_FORKS = 8
-SCREEN_FORKS = 4
-RACE_SHARE = 0.4  # of what is left after screening; the rest goes to Shapley
 # The screen clears steps lazily. Its first pass runs one fork at a time and stops at the
 # first step found (or once every step has SCREEN_FIRST clean re-draws); Shapley then runs over
 # it, and every Shapley fork probes the steps not found (`replay.Probe`), so the other steps
@@ -922,203 +917,6 @@ class Uniform(Listed):
                 yield ("uniform", job._spec("uniform", arm.key, plan, tail, j))
 
 
-# -- methods "flip" and "shapley": live tails, the older definitions ------------------------------
-
-
-class Controls(Listed):
-    """Pinned-everything forks (they must reproduce the recorded outcome) and the base rate
-    with everything re-drawn."""
-
-    name = "controls"
-
-    def forks(self) -> Iterator[Fork]:
-        job = self.job
-        all_steps: dict[int, Intervention] = {k: Resample() for k in range(len(job.steps))}
-        plan: list[tuple[str, dict[int, Intervention], Tail, int]] = [
-            ("pinned", {}, "pinned", j) for j in range(CONTROL_FORKS)
-        ] + [("base", all_steps, "live", j) for j in range(BASE_RATE_FORKS)]
-        for key, p, tail, seed in plan:
-            yield ("controls", job._spec("controls", key, dict(p), tail, seed))
-
-    def done(self, exhausted: bool) -> Next:
-        job = self.job
-        pinned = job.rows_by_arm[("controls", "pinned")]
-        bad = [r for r in pinned if r["outcome"] != r["recorded_outcome"]]
-        if bad or any(r["status"] in UNSCORED | {"budget_cut"} for r in pinned):
-            job.control_failed = True
-            job.notes.append(
-                f"NEGATIVE CONTROL FAILED: {len(bad)} of {len(pinned)} pinned-everything forks "
-                f"did not reproduce the recorded outcome; {CONTROL_HINT}"
-            )
-            log.warning("control_failed", failures=len(bad))
-        base = [r for r in job.rows_by_arm[("controls", "base")] if r["outcome"] is not None]
-        if base:
-            rate = sum(is_bad(r["outcome"]) for r in base) / len(base)
-            job.notes.append(
-                f"base rate (everything re-drawn): {rate:.2f} bad over {len(base)} forks"
-            )
-        return Next(end="control_failed") if job.control_failed else Next()
-
-
-class FlipScreen(Listed):
-    """SCREEN_FORKS forks of every arm with a live tail (seeds 0..): the race's start."""
-
-    name = "screen"
-
-    def forks(self) -> Iterator[Fork]:
-        job = self.job
-        for seed in range(SCREEN_FORKS):
-            for arm in job.arms:
-                plan = {arm.step: arm.intervention}
-                yield ("screen", job._spec("screen", arm.key, plan, "live", seed))
-
-
-class FlipRace(BaseStage):
-    """A race per intervention kind for the arm with the highest flip-rate (`Race`), going
-    on from the screen's seeds, within its share of the budget."""
-
-    name = "race"
-
-    def start(self) -> None:
-        super().start()
-        job = self.job
-        self.by_key = {arm.key: arm for arm in job.arms}
-        for arm in job.arms:
-            race = job.races.setdefault(
-                arm.kind, Race([a.key for a in job.arms if a.kind == arm.kind], alpha=job.alpha)
-            )
-            for row in job._arm_rows(arm):
-                if row["flipped"] is not None:
-                    race.update(arm.key, float(row["flipped"]))
-        # With Shapley to follow, the race keeps to its share; alone, it may use it all.
-        self.quota = job._quota(RACE_SHARE if job.spec.method == "auto" else 1.0)
-        self.sent = 0
-
-    def observe(self, row: Row) -> None:
-        key = arm_key_of("race", ForkSpec.model_validate_json(row["spec"]))
-        race = self.job.races[self.by_key[key].kind]
-        if row["flipped"] is None:
-            race.cancel(key)
-        else:
-            race.update(key, float(row["flipped"]))
-        self.job.progress.leader = _leader_text(self.job.races)
-
-    def unrun(self, spec: ForkSpec) -> None:
-        key = arm_key_of("race", spec)
-        self.job.races[self.by_key[key].kind].cancel(key)
-
-    def suggest(self, room: int) -> list[Fork] | None:
-        job, quota = self.job, self.quota
-        target = job.spec.target_half_width
-        open_races = [r for r in job.races.values() if r.done(target) is None]
-        if not open_races or self.sent >= quota:
-            return None
-        out: list[Fork] = []
-        for race in open_races:
-            for key in race.next_arms(max(1, min(room, quota - self.sent) // len(open_races))):
-                arm = self.by_key[key]
-                out.append(("race", job._spec("race", key, {arm.step: arm.intervention}, "live")))
-                self.sent += 1
-        return out
-
-    def done(self, exhausted: bool) -> Next:
-        job = self.job
-        for kind, race in job.races.items():
-            verdict = race.done(job.spec.target_half_width)
-            leader = race.leader()
-            job.notes.append(
-                f"race ({kind}): "
-                + (
-                    f"{verdict}, leader {leader}"
-                    if verdict
-                    else "stopped by its share of the budget"
-                )
-            )
-        return Next()
-
-
-class PinnedShapley(BaseStage):
-    """Shapley values of the pinned game over the steps with the highest flip-rates, as many
-    as the budget allows (`Scheduler._shapley_candidates`), Neyman-allocated coalitions."""
-
-    name = "shapley"
-
-    def start(self) -> None:
-        super().start()
-        job = self.job
-        self.planner: ShapleyPlanner[int] | None = None
-        resample = [a for a in job.arms if a.kind == "resample"]
-        if len(resample) < 2:
-            return
-        rates = {a.step: _rate(job._arm_rows(a)) for a in resample}
-        saved = list(job.candidates)
-        job.candidates = job._shapley_candidates(rates)
-        size = len(job.candidates)
-        if saved:
-            added = sorted(set(job.candidates) - set(saved))
-            job.notes.append(
-                f"shapley over steps {job.candidates}: the candidates this job chose before "
-                f"it was restarted ({saved})"
-                + (f", and {added} the budget now allows" if added else "")
-            )
-        elif size < len(rates):
-            job.notes.append(
-                f"shapley over the top {size} of {len(rates)} steps by flip-rate "
-                f"({job.candidates}): the budget left allows no more"
-            )
-        planner: ShapleyPlanner[int] = shapley_planner(job.candidates, alpha=job.alpha)
-        self.planner = job.shapley = planner
-        for (stage, key), rows in job.rows_by_arm.items():
-            if stage != "shapley":
-                continue
-            coalition = frozenset(int(k) for k in key.split(",") if k)
-            if coalition <= set(job.candidates):
-                for row in rows:
-                    if row["outcome"] is not None:
-                        # The fork's seed: forks sharing it are one cluster (common randomness).
-                        seed = ForkSpec.model_validate_json(row["spec"]).seed
-                        planner.update(coalition, float(is_bad(row["outcome"])), seed=seed)
-
-    def observe(self, row: Row) -> None:
-        assert self.planner is not None
-        spec = ForkSpec.model_validate_json(row["spec"])
-        coalition = frozenset(spec.interventions)
-        if row["outcome"] is None:
-            self.planner.cancel(coalition)
-        else:
-            self.planner.update(coalition, float(is_bad(row["outcome"])), seed=spec.seed)
-
-    def unrun(self, spec: ForkSpec) -> None:
-        assert self.planner is not None
-        self.planner.cancel(frozenset(spec.interventions))
-
-    def suggest(self, room: int) -> list[Fork] | None:
-        planner, job = self.planner, self.job
-        if planner is None:
-            return None  # fewer than two steps to share blame between
-        estimates = planner.estimates()
-        measured = planner.counts
-        if len(measured) == 2 ** len(job.candidates) and all(
-            (a.phi.high - a.phi.low) / 2 <= job.spec.target_half_width
-            for a in estimates.steps.values()
-        ):
-            return None
-        out = []
-        for coalition in planner.next_coalitions(room):
-            key = ",".join(map(str, sorted(coalition)))
-            plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-            out.append(("shapley", job._spec("shapley", key, plan, "pinned")))
-        return out
-
-    def state(self) -> dict[str, Any]:
-        return {"candidates": list(self.job.candidates)}
-
-
-def _rate(rows: list[Row]) -> float:
-    known = [r for r in rows if r["flipped"] is not None]
-    return sum(bool(r["flipped"]) for r in known) / len(known) if known else 0.0
-
-
 def arm_key_of(stage: str, spec: ForkSpec) -> str:
     """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
     if stage == "shapley":
@@ -1131,13 +929,3 @@ def arm_key_of(stage: str, spec: ForkSpec) -> str:
         return "block"
     ((step, iv),) = spec.interventions.items()
     return f"{iv.kind}@{step}"
-
-
-def _leader_text(races: dict[str, Race[str]]) -> str:
-    parts = []
-    for kind, race in races.items():
-        leader = race.leader()
-        if leader is not None:
-            lo, hi = race.interval(leader)
-            parts.append(f"{kind}: {leader} [{lo:.2f}, {hi:.2f}]")
-    return "; ".join(parts)
