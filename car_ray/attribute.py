@@ -90,11 +90,11 @@ EXIT_UNANSWERED = 3
 
 
 def unanswered(outcome: JobOutcome) -> bool:
-    """Whether a job that was not a failure left its question open: its budget ended before
-    its top separated, or with no blame shown and steps not examined (`Answer`). A job.json
-    written before answers were kept is judged by its notes (`answer_of`)."""
+    """Whether a job that was not a failure left its question open (`Answer.answered`): its
+    budget ended before its top separated, or with no blame shown and steps not examined. A
+    job.json written before answers were kept is judged by its notes (`answer_of`)."""
     answer = answer_of(outcome.answer, outcome.status, outcome.notes)
-    return answer is not None and answer.kind in ("lead", "unanswered")
+    return answer is not None and not answer.answered
 
 
 # After Ctrl-C, how long forks in flight may take to settle before the driver stops anyway.
@@ -697,7 +697,10 @@ class JobRun:
         self.info.write(self.out)
 
     def settle(self, outcome: JobOutcome, interrupted: bool = False) -> None:
-        """The status the scheduler cannot know: interrupted, or nothing measured."""
+        """The status the scheduler cannot know: interrupted, or nothing measured (either
+        answers nothing)."""
+        if outcome.answer is not None and (interrupted or not measured(outcome.attribution)):
+            outcome.answer = outcome.answer.model_copy(update={"kind": "unanswered"})
         if interrupted:
             outcome.status = "interrupted"
             outcome.notes.append(_interrupted_text(len(self.existing) + outcome.progress.done))

@@ -25,6 +25,7 @@ import pyarrow.dataset as pads
 import structlog
 from rich.console import Console
 
+from ._answer import ANSWERED
 from ._canon import digest_of
 from ._usercode import UserCodeError
 from .attribute import (
@@ -139,8 +140,8 @@ class BatchResult:
         return code
 
     def unanswered(self) -> list[TraceRow]:
-        """The traces whose job ran and did not answer (its budget ended first)."""
-        return [r for r in self.rows if r.answer in ("lead", "unanswered")]
+        """The traces whose job ran and did not answer (`Answer.answered`)."""
+        return [r for r in self.rows if r.answer is not None and r.answer not in ANSWERED]
 
 
 def find_tapes(source: str | None, tapes: Sequence[str]) -> list[str]:
@@ -833,12 +834,7 @@ def batch_text(result: BatchResult) -> str:
     s = result.info.spent
     ran = [r for r in result.rows if r.answer is not None]
     open_ = len(result.unanswered())
-    answers = (
-        f"; {len(ran) - open_} of {len(ran)} answered"
-        + (f" ({open_} not: their budget ended first)" if open_ else "")
-        if ran
-        else ""
-    )
+    answers = f"; {len(ran) - open_} of {len(ran)} answered" if ran else ""
     return (
         f"{result.info.kind} {result.info.status}: "
         + ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))

@@ -820,9 +820,6 @@ def _show_saved(
             if found is not None and (recorded is None or recorded.id == found.tape_id):
                 tape = found
                 break
-    if partial:
-        _finish_outcome(folder, outcome, as_json, tape)
-        raise typer.Exit(1)
     _finish_outcome(folder, outcome, as_json, tape, strict)
     if partial:
         raise typer.Exit(1)

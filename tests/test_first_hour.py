@@ -110,10 +110,10 @@ def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fi
     support_tape: Tape,
 ) -> None:
     """The same rows from a job whose held Shapley ended on its budget (its own test of the
-    top did not pass, as its note says): the line names the most likely step with the same
-    figures, never "fix", and says the top is not separated. A job that ended on its budget
-    with no such note (the pinned Shapley of method "shapley" has no test of its top) keeps
-    the line it had."""
+    top did not pass: its answer is a lead): the line names the most likely step with the
+    same figures, never "fix", and says the top is not separated. A job.json written before
+    answers were kept reads the same from its shapley note, and, without one, as a job whose
+    budget ended before it answered."""
     lead = Answer(kind="lead", steps=[0, 2, 4], examined=[2, 4], cleared=[0])
     line = verdict(_rows(), support_tape, "budget_exhausted", [], lead)
     assert line.startswith(f"verdict: most likely step 4, where {REFUND_CALL}"), line
@@ -121,10 +121,9 @@ def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fi
     assert line.endswith(
         "not separated from the other steps: the budget ended first (see the notes)"
     ), line
-    assert verdict(_rows(), support_tape, "budget_exhausted") == verdict(_rows(), support_tape)
-    # A job.json written before answers were kept says so in its shapley note alone.
     note = "shapley: 12 seeds; the budget ended before the top separated: step 4 came out ahead"
     assert verdict(_rows(), support_tape, "budget_exhausted", [note]) == line
+    assert verdict(_rows(), support_tape, "budget_exhausted") == line
 
 
 def test_record_prints_the_score_and_inspect_shows_one_step_in_full(tmp_path: Path) -> None:

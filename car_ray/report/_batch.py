@@ -11,6 +11,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from .._answer import ANSWERED
 from ..results import BatchInfo, JobDir, TraceRow
 from ._page import budget_facts, esc, facts_list, fmt, fmt_count, or_dash, page
 
@@ -67,9 +68,9 @@ def _header(info: BatchInfo, traces: Sequence[TraceRow], word: str) -> str:
     status_class = "ok" if status in _OK else "warn"
     attributed = [r for r in traces if r.top_step is not None]
     line = f"{len(attributed)} of {len(traces)} {word} have a rank-1 cause"
-    open_ = [r for r in traces if r.answer in ("lead", "unanswered")]
+    open_ = [r for r in traces if r.answer is not None and r.answer not in ANSWERED]
     if open_:
-        line += f"; {len(open_)} not answered (their budget ended first)"
+        line += f"; {len(open_)} not answered"
     planted = [r for r in traces if r.planted_step is not None]
     if planted:
         named = sum(1 for r in planted if r.top_step == r.planted_step)

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .._answer import Answer, legacy_answer, steps_text
+from .._answer import RAN, Answer, legacy_answer, steps_text
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -165,13 +165,15 @@ def verdict(
 ) -> str:
     """One line: the step(s) to fix, what happened there, the effect with its interval and
     the confidence level; or why there is no step to name. It never claims more than the
-    job's `Answer`: a job whose budget ended before its top separated names its most likely
-    step(s) and says so; "no step to blame" only when every re-drawn step was cleared (or
-    examined) and no blame was shown; otherwise "not answered", with the steps not examined
-    and what would examine them."""
+    job's `Answer`: a job that ended before its top separated names its most likely step(s)
+    and says so; "no step to blame" only for an answered job with no step left unexamined;
+    otherwise "not answered", with what was and was not examined and what would reach the
+    rest. A failed or stopped job (a status not in `RAN`) names no cause it did not show."""
     answer = answer_of(answer, status, notes)
     top = top_cause(rows, tape)
-    ended = "the budget ended" if status in (None, "budget_exhausted") else f"the job {status}"
+    level = _level(rows)
+    if status is not None and status not in RAN and status != "nothing_measured":
+        answer = (answer or Answer(kind="unanswered")).model_copy(update={"kind": "unanswered"})
     if top is None:
         # A job whose status says nothing was measured is believed over rows with a value
         # (a step the screen cleared after a draw or two has phi 0 and no rank).
@@ -180,10 +182,9 @@ def verdict(
         )
         if not measured:
             return "verdict: no step measured"
-        if answer is not None and not answer.answered and answer.kind != "measured":
-            return "verdict: " + _not_answered(answer, rows, ended)
+        if answer is not None and not answer.answered:
+            return "verdict: " + _not_answered(answer, rows, status)
         return "verdict: no step to blame: no intervention changed the outcome"
-    level = _level(rows)
     steps = top["steps"]
     if top["measure"] == "phi":
         first = steps[0]
@@ -192,6 +193,13 @@ def verdict(
             f"(blame φ {_span(s['value'], s['low'], s['high'])})"
             for s in steps
         ]
+        if answer is not None and answer.kind == "precise" and not answer.top:
+            # Every interval within the target and none above 0: nothing to blame, at that
+            # precision; the leader is no cause.
+            return (
+                f"verdict: no step to blame{level}: no re-drawn step's blame is shown above 0 "
+                f"and every interval is within the job's target (the most: {parts[0]})"
+            )
         head = "fix " + " or ".join(parts)
         if len(steps) > 1:
             head += " (not separated)"
@@ -207,7 +215,10 @@ def verdict(
             if len(steps) > 1:
                 head += " (not told apart)"
             unseen = f", with {answer.unexamined_text()}" if answer.unexamined else ""
-            tail += f"; not separated from the other steps: {ended} first{unseen} (see the notes)"
+            tail += (
+                f"; not separated from the other steps: {_ended(status)} first{unseen} "
+                "(see the notes)"
+            )
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
     if answer is not None and answer.unexamined:
@@ -219,18 +230,54 @@ def verdict(
             for r in rows
             if r.get("intervention") == "resample" and r.get("phi_hi") is not None
         ]
-        # Rounded up (a bound must not read below itself), and per step: each is a 95% bound.
-        most = math.ceil(round(max(room, default=0.0) * 100, 9)) / 100
-        lead = f"no re-drawn step showed blame (each φ at most {most:.2f}); " if room else ""
+        lead = f"no re-drawn step showed blame (each φ at most {_up(max(room))}); " if room else ""
     return (
         f"verdict: {lead}the {top['intervention']} intervention at step {s['step']}, where "
         f"{s['what']}, flips the outcome {_span(s['value'], s['low'], s['high'])}{level}"
     )
 
 
-def _not_answered(answer: Answer, rows: Sequence[Row], ended: str) -> str:
-    """The verdict of a job that showed no blame and did not clear every step: what was and
-    was not examined, and what would examine the rest."""
+def _up(bound: float) -> str:
+    """A bound rounded up to two places (a bound must not read below itself)."""
+    return f"{math.ceil(round(bound * 100, 9)) / 100:.2f}"
+
+
+def _ended(status: str | None) -> str:
+    """How the job ended, for a line that says why it did not answer."""
+    if status in (None, "budget_exhausted"):
+        return "the budget ended"
+    if status == "complete":
+        return "its forks ended"
+    if status == "interrupted":
+        return "the job was interrupted"
+    if status == "running":
+        return "the job has not ended"
+    return {
+        "failed": "most of its forks had no outcome",
+        "control_failed": "its negative control failed",
+        "verify_failed": "its tape did not replay",
+    }.get(status or "", f"the job ended {status}")
+
+
+def _not_answered(answer: Answer, rows: Sequence[Row], status: str | None) -> str:
+    """The verdict of a job that showed no effect and did not clear every step: what was and
+    was not examined, and what would reach the rest."""
+    ended = _ended(status)
+    if status is not None and status not in RAN:
+        return f"not answered: {ended} (see the notes)"
+    level = _level(rows)
+    if answer.measure == "flip_rate":
+        room = [
+            r["flip_hi"]
+            for r in rows
+            if r.get("intervention") == "resample" and r.get("flip_hi") is not None
+        ]
+        most = f"; each step's flip-rate is at most {_up(max(room))}{level}" if room else ""
+        unseen = f", with {answer.unexamined_text()}" if answer.unexamined else ""
+        return (
+            f"not answered: no intervention flipped the outcome before {ended}{unseen}{most}, "
+            "too wide to clear the steps at the job's target"
+        )
     if answer.unexamined:
         seen = (
             f"no blame shown among {steps_text(answer.examined)}"
@@ -243,15 +290,16 @@ def _not_answered(answer: Answer, rows: Sequence[Row], ended: str) -> str:
             answer.going_on()
         )
     if answer.examined:
-        room = max(
-            (r["phi_hi"] if r.get("phi_hi") is not None else r.get("flip_hi") or 0.0)
+        room = [
+            r["phi_hi"]
             for r in rows
-            if r.get("intervention") == "resample" and r["step"] in answer.examined
-        )
-        most = math.ceil(round(room * 100, 9)) / 100
+            if r.get("intervention") == "resample"
+            and r["step"] in answer.examined
+            and r.get("phi_hi") is not None
+        ]
+        most = f" (each φ at most {_up(max(room))}{level})" if room else ""
         return (
             f"not answered: {ended} before the blame of {steps_text(answer.examined)} was "
-            f"shown above 0 or within the target; none showed blame (each at most {most:.2f})"
-            f"{_level(rows)} (see the notes)"
+            f"shown above 0 or within the job's target; none showed blame{most}"
         )
-    return f"not answered: {ended} before the top separated (see the notes)"
+    return f"not answered: {ended} before any step was shown to matter (see the notes)"

@@ -251,6 +251,9 @@ class Scheduler:
         self.verdict: tuple[str, list[int]] | None = None
         # Why the budget ended before a verdict, and what would give one (`HeldShapley`).
         self.unsettled: str | None = None
+        # The steps not found that lack the clean draws the top would need, and the draws
+        # each needs (`HeldShapley._unsettled`), once the budget ended before a verdict.
+        self.lacking: dict[int, float] | None = None
         # Shapley's candidate steps, once chosen (a resumed job passes its first run's choice
         # from job.json: its flip-rates, and so its choice, may differ now).
         self.candidates: list[int] = sorted(candidates or [])
@@ -630,7 +633,11 @@ class Scheduler:
         self.progress.in_flight = 0  # every fork asked for has settled or been given up
         self.sink.flush()
         rows = [self._stamped(r) for r in self.aggregate()]
-        answer = held_answer(self) if self.spec.method == "auto" else measured_answer(self, rows)
+        answer = (
+            held_answer(self, self.status)
+            if self.spec.method == "auto"
+            else measured_answer(self, rows, self.status)
+        )
         self.tick()
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress, answer)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 
-from .._answer import Answer
+from .._answer import RAN, Answer
 from ..execute import Row
 from ..replay import ForkSpec, Intervention, Probe, Resample, SwapPolicy
 from ._mechanism import MIN_SEEDS, DeviationScreen, SeedShapley, clean_to_clear
@@ -554,6 +554,7 @@ class HeldShapley(BaseStage):
         else:
             reasons, seeds, top = shap.lacks()
         short = self._short(("separated", top)) if top else {}
+        job.lacking = short if top else None
         if short:
             step = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
             need = short[step]
@@ -789,75 +790,89 @@ def held_notes(job: Scheduler) -> list[str]:
     return notes
 
 
-def held_answer(job: Scheduler) -> Answer:
-    """What the held screen and Shapley let the job claim (`Answer`). With a verdict, every
-    re-drawn step is examined (a Shapley candidate) or cleared by the verdict's own rule.
-    Without one (the budget ended first), a step the screen did not find is cleared only
-    with the SCREEN_CLEAN clean re-draws a "no step makes a choice" note rests on; a step
-    found and not measured, or not found and short of them, is unexamined. The projection
-    for unexamined steps grows the forks so far with the square of the steps examined or
-    cleared (every step found starts Shapley over, and its seeds cost a fork a candidate),
-    with GO_ON_SLACK of it again in the options."""
+def held_answer(job: Scheduler, status: str) -> Answer:
+    """What the held screen and Shapley let the job claim (`Answer`). A step is examined when
+    Shapley measured its blame; a step the screen did not find is cleared by the verdict's
+    own rule (with a top: the clean draws `_stands` asked of it; for a lead whose budget
+    ended, those its top would need; with neither: the SCREEN_CLEAN clean re-draws a "no
+    step makes a choice" note rests on); every other
+    step is unexamined, and a job with an unexamined step has no answer (`lead` if it shows
+    blame somewhere). A job whose status is not one of `RAN` answers nothing. The projection
+    for unexamined steps is the forks so far per step examined or cleared, times the steps
+    left, and never fewer than the screen forks that would give each unexamined step its
+    SCREEN_CLEAN clean re-draws; the options allow GO_ON_SLACK of it again."""
     steps = [a.step for a in job.arms if a.kind == "resample"]
-    screen, shap = job.screen, job.seed_shapley
+    screen, shap, verdict = job.screen, job.seed_shapley, job.verdict
     if screen is None:  # the job ended before its screen began
         return Answer(kind="unanswered", steps=steps, unexamined=steps, never=steps)
     estimates = shap.estimates() if shap is not None else {}
     examined = [k for k in steps if k in estimates]
-    if job.verdict is not None:
-        kind = job.verdict[0] if job.verdict != ("separated", []) else "nothing"
-        return Answer(
-            kind=kind,
-            steps=steps,
-            examined=examined,
-            cleared=[k for k in steps if k not in estimates],
-        )
-    cleared, unexamined = [], []
-    for k in steps:
-        if k in estimates:
-            continue
-        if k not in screen.hits and screen.clean.get(k, 0) >= SCREEN_CLEAN:
-            cleared.append(k)
-        else:
-            unexamined.append(k)
-    never = [k for k in unexamined if k not in screen.hits and not screen.clean.get(k, 0)]
+    found = [k for k in steps if k in screen.hits and k not in estimates]
+    unfound = [k for k in steps if k not in screen.hits]
+    if verdict is not None and verdict[1]:
+        cleared, short = unfound, []  # the verdict stands on their clean draws (`_stands`)
+    elif verdict is None and job.lacking is not None:
+        # A lead: the steps short of the clean draws its top would need (`_unsettled`).
+        short = [k for k in unfound if k in job.lacking]
+        cleared = [k for k in unfound if k not in job.lacking]
+    else:
+        cleared = [k for k in unfound if screen.clean.get(k, 0) >= SCREEN_CLEAN]
+        short = [k for k in unfound if k not in cleared]
+    unexamined = sorted(found + short)
     shown = any((phi.value or 0.0) > 0 for phi, _, _ in estimates.values())
+    top = list(verdict[1]) if verdict is not None else []
+    if status not in RAN:
+        kind = "unanswered"
+    elif verdict is not None and not unexamined:
+        kind = "nothing" if verdict == ("separated", []) else verdict[0]
+    else:
+        kind = "lead" if shown else "unanswered"
     more = go_on = None
-    if unexamined and (examined or cleared):
+    if unexamined and status in RAN:
         spent = job.governor.spent.forks + job.governor.carried.forks
         seen = len(examined) + len(cleared)
-        more = math.ceil(spent * (((seen + len(unexamined)) / seen) ** 2 - 1))
+        rate = spent * len(unexamined) / seen if seen else 0.0
+        clear = SCREEN_CLEAN - min((screen.clean.get(k, 0) for k in short), default=SCREEN_CLEAN)
+        more = max(1, math.ceil(max(rate, clear)))
         go_on, also = job.governor.go_on(math.ceil(more * GO_ON_SLACK))
         go_on = f"{go_on}; {also}" if also else go_on
     return Answer(
-        kind="lead" if shown else "unanswered",
+        kind=kind,
         steps=steps,
+        top=top,
         examined=examined,
         cleared=cleared,
         unexamined=unexamined,
-        never=never,
+        never=[k for k in short if not screen.clean.get(k, 0)],
+        found=found,
         more_forks=more,
         go_on=go_on,
     )
 
 
-def measured_answer(job: Scheduler, table: Sequence[dict[str, Any]]) -> Answer:
-    """What a comparison scheme's table (uniform, flip, shapley: no stopping rule) lets the
-    job claim: a measured effect if any interval is shown above 0; else nothing to blame
-    only when every re-drawn step's flip-rate is shown within the target half-width, and
-    not answered otherwise."""
+def measured_answer(job: Scheduler, table: Sequence[dict[str, Any]], status: str) -> Answer:
+    """What the uniform scheme's table (flip-rates, no stopping rule) lets the job claim: an
+    effect if any interval is shown above 0; else nothing to blame only when every re-drawn
+    step's flip-rate is shown within the target half-width, and no answer otherwise (nor
+    for a job whose status is not one of `RAN`)."""
     steps = [a.step for a in job.arms if a.kind == "resample"]
     rows = {r["step"]: r for r in table if r["intervention"] == "resample"}
-    examined = [k for k in steps if rows.get(k, {}).get("flip_n")]
+    measured = [k for k in steps if rows.get(k, {}).get("flip_n")]
     target = job.spec.target_half_width
-    cleared = [k for k in examined if (rows[k].get("flip_hi") or 1.0) <= target]
-    unexamined = [k for k in steps if k not in examined]
-    shown = any((r.get("phi_lo") or 0.0) > 0 or (r.get("flip_lo") or 0.0) > 0 for r in table)
-    kind = "measured" if shown else "nothing" if len(cleared) == len(steps) else "unanswered"
+    cleared = [k for k in measured if (rows[k].get("flip_hi") or 1.0) <= target]
+    unexamined = [k for k in steps if k not in measured]
+    shown = any((r.get("flip_lo") or 0.0) > 0 for r in table)
+    if status not in RAN:
+        kind = "unanswered"
+    elif shown:
+        kind = "measured"
+    else:
+        kind = "nothing" if len(cleared) == len(steps) else "unanswered"
     return Answer(
         kind=kind,
+        measure="flip_rate",
         steps=steps,
-        examined=[k for k in examined if k not in cleared],
+        examined=[k for k in measured if k not in cleared],
         cleared=cleared,
         unexamined=unexamined,
         never=unexamined,
