@@ -38,21 +38,19 @@ SCENARIOS = (
 STOPPED = ("separated", "precise")
 
 
-def _resumed(job: Any, tape: Any, rows: list[dict[str, Any]], first: Any, cap: int) -> str:
+def _resumed(job: Any, tape: Any, rows: list[dict[str, Any]], cap: int) -> str:
     """How the job ends when run on from `rows` under a fork cap of `cap` in all."""
-    from car_ray.bench import _verdict
+    from car_ray.bench import ended
     from car_ray.schedule import Budget
     from car_ray.truth import run_local_scheduler
 
-    outcome, _, _ = run_local_scheduler(
-        job, tape, Budget(max_forks=cap), already=rows, candidates=first.candidates
-    )
-    return _verdict(outcome.notes) or outcome.status
+    outcome, _, _ = run_local_scheduler(job, tape, Budget(max_forks=cap), already=rows)
+    return ended(outcome.answer) or outcome.status
 
 
 def run(task: tuple[str, int]) -> dict[str, Any]:
     name, seed = task
-    from car_ray.bench import _job_and_tape, _quiet, _verdict
+    from car_ray.bench import _job_and_tape, _quiet, ended
     from car_ray.job import Job
     from car_ray.schedule import Budget
     from car_ray.truth import run_local_scheduler
@@ -60,17 +58,17 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
     _quiet()
     base, tape = _job_and_tape(str(ROOT / "jobs" / name / "job.toml"))
     job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-    outcome, rows, first = run_local_scheduler(job, tape, Budget())
+    outcome, rows, _ = run_local_scheduler(job, tape, Budget())
     spent = outcome.progress.spent.forks
     result: dict[str, Any] = {
         "scenario": name,
         "seed": seed,
-        "ended": _verdict(outcome.notes),
+        "ended": ended(outcome.answer),
         "forks": spent,
     }
     if result["ended"] != "budget":
         return result
-    note = next(n for n in outcome.notes if n.startswith("shapley:"))
+    note = next(n.text for n in outcome.notes if n.kind == "shapley")
     result["note"] = note
     suggested = re.search(r"--max-forks (\d+)", note)
     projected = re.search(r"about (\d+) more would separate", note)
@@ -78,8 +76,8 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
         return result
     result["projected"] = int(projected.group(1))
     result["suggested"] = int(suggested.group(1)) - spent
-    result["at_suggested"] = _resumed(job, tape, rows, first, int(suggested.group(1)))
-    result["at_projected"] = _resumed(job, tape, rows, first, spent + result["projected"])
+    result["at_suggested"] = _resumed(job, tape, rows, int(suggested.group(1)))
+    result["at_projected"] = _resumed(job, tape, rows, spent + result["projected"])
     return result
 
 

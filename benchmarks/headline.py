@@ -65,7 +65,7 @@ def right(job: str, rows: list[dict[str, Any]]) -> tuple[bool, str]:
 def run(task: tuple[str, int]) -> dict[str, Any]:
     """One attribution of `job` with attribution seed `seed`, as its job file says."""
     job_name, seed = task
-    from car_ray.bench import _job_and_tape, _quiet, _verdict
+    from car_ray.bench import _job_and_tape, _quiet, ended
     from car_ray.job import Job
     from car_ray.schedule import Budget
     from car_ray.truth import run_local
@@ -76,7 +76,7 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
     began = time.perf_counter()
     outcome, _ = run_local(job, tape, Budget(**base.spec.budget.model_dump()))
     ok, led = right(job_name, outcome.attribution)
-    stopped = _verdict(outcome.notes) in ("separated", "precise")
+    stopped = ended(outcome.answer) in ("separated", "precise")
     return {
         "job": job_name,
         "seed": seed,

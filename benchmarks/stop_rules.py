@@ -23,7 +23,8 @@ For the scenarios whose shipped jobs end on a game of the top and one rival, it 
 how often even the most powerful test at a fixed number of seeds, knowing the top and the
 per-seed rates these jobs measured, would miss the pair at the seeds a budget-ended job had.
 
-The two other rules are what-ifs patched in here, not settings of car-ray.
+The two other rules are what-ifs defined here and passed to the jobs as their stopping rule
+(`ShapleyRules.stop`), not settings of car-ray.
 
     .venv/bin/python benchmarks/stop_rules.py [--seeds 40] [--processes 2]
 
@@ -39,6 +40,7 @@ import random
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from statistics import mean
 from typing import Any
 
@@ -47,7 +49,9 @@ from _common import ROOT, in_processes, make_console, seeds_args
 from go_on import SCENARIOS, STOPPED
 from rich.table import Table
 
-from car_ray.schedule._mechanism import MIN_SEEDS
+from car_ray.schedule import SHIPPED_RULES, ShapleyResult, ShapleyRules
+from car_ray.schedule._tuning import MIN_SEEDS
+from car_ray.schedule.rules import Failing, Judgement, Look, apart, signs_agree
 
 RULES = ("shipped", "horizon", "split")
 SPLIT = 0.7  # the share of alpha the split rule gives its horizon test
@@ -84,72 +88,53 @@ def _horizon_passes(diff: np.ndarray, alpha: float, horizon: float) -> bool:
     return total >= _boundary(alpha) * spread * math.sqrt(max(horizon, n))
 
 
-_SHIPPED: dict[str, Any] = {}
+@dataclass(frozen=True)
+class HorizonRule:
+    """A stopping rule that knows the job's horizon (`rules.Look.horizon`, the seeds the
+    caps are projected to buy): each pair of the top and a rival by `_horizon_passes` at
+    `share` of its level, in place of the sign test and t interval both (in telling the
+    top from the rest and in separating it), or, with `share` below 1, the shipped tests at
+    the rest of its level."""
 
+    share: float
 
-def apply(rule: str) -> None:
-    """Make this process's `SeedShapley` and `HeldShapley` run `rule` (a worker runs tasks
-    of every rule: the shipped methods are kept and put back first)."""
-    from car_ray.schedule import _mechanism, _stages
-
-    if not _SHIPPED:
-        _SHIPPED["failing"] = _mechanism.SeedShapley._failing
-        _SHIPPED["suggest"] = _stages.HeldShapley.suggest
-    _mechanism.SeedShapley._failing = _SHIPPED["failing"]  # type: ignore[method-assign]
-    _stages.HeldShapley.suggest = _SHIPPED["suggest"]  # type: ignore[method-assign]
-    if rule == "shipped":
-        return
-    share = 1.0 if rule == "horizon" else SPLIT
-
-    def apart(diff: np.ndarray, pair_alpha: float, horizon: float) -> bool:
-        if _horizon_passes(diff, pair_alpha * share, horizon):
+    def apart(self, diff: np.ndarray, pair_alpha: float, horizon: float) -> bool:
+        if _horizon_passes(diff, pair_alpha * self.share, horizon):
             return True
-        if share == 1.0:
+        if self.share == 1.0:
             return False
-        rest_alpha = pair_alpha * (1 - share)
-        return _mechanism._signs_agree(diff, rest_alpha) and _mechanism._apart(diff, rest_alpha)
+        rest = pair_alpha * (1 - self.share)
+        return signs_agree(diff, rest) and apart(diff, rest)
 
-    def failing(
-        self: Any, phi: np.ndarray
-    ) -> tuple[int, list[int], float, list[tuple[str, int, int]]]:
-        # As `SeedShapley._failing`, with the rule's test of a pair in place of the sign
-        # test and t interval, both in telling the top from the rest and in separating it.
+    def judge(self, phi: np.ndarray, look: Look) -> Judgement:
         m = phi.shape[1]
         lead = int(np.argmax(phi.mean(axis=0)))
-        pair_alpha = self.alpha / max(1, m - 1)
-        horizon = getattr(self, "horizon", None) or phi.shape[0]
+        pair_alpha = look.alpha / max(1, m - 1)
+        horizon = look.horizon or phi.shape[0]
         top = [
             j
             for j in range(m)
-            if j == lead or not apart(phi[:, lead] - phi[:, j], pair_alpha, horizon)
+            if j == lead or not self.apart(phi[:, lead] - phi[:, j], pair_alpha, horizon)
         ]
-        out = [("zero", j, j) for j in top if (self._phi_interval(phi[:, j]).low or 0.0) <= 0]
+        failing: list[Failing] = [("zero", j, j) for j in top if look.phi_low(phi[:, j]) <= 0]
         for i in top:
             for j in range(m):
-                if j not in top and not apart(phi[:, i] - phi[:, j], pair_alpha, horizon):
-                    out.append(("signs", i, j))
-        return lead, top, pair_alpha, out
+                if j not in top and not self.apart(phi[:, i] - phi[:, j], pair_alpha, horizon):
+                    failing.append(("signs", i, j))
+        return Judgement(lead, top, pair_alpha, failing)
 
-    suggest = _SHIPPED["suggest"]
 
-    def projecting(self: Any, room: int) -> Any:
-        # The horizon, before any verdict is looked at: the seeds so far and those the forks
-        # left buy at the forks a seed has cost, never lowered.
-        shap, left = self.shap, self.job.forks_left()
-        if left is not None:
-            per_seed = max(1.0, shap.forks_per_seed())
-            ahead = len(shap.complete_seeds()) + (left + len(self.pending)) / per_seed
-            shap.horizon = max(getattr(shap, "horizon", 0.0) or 0.0, ahead)
-        return suggest(self, room)
-
-    _mechanism.SeedShapley._failing = failing  # type: ignore[method-assign]
-    _stages.HeldShapley.suggest = projecting  # type: ignore[method-assign]
+def rules_of(rule: str) -> ShapleyRules:
+    """The Shapley rules a job runs under `rule`: the shipped ones, with the stopping rule
+    replaced for the two what-ifs."""
+    if rule == "shipped":
+        return SHIPPED_RULES
+    return replace(SHIPPED_RULES, stop=HorizonRule(1.0 if rule == "horizon" else SPLIT))
 
 
 def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
     rule, name, seed, top = task
-    apply(rule)
-    from car_ray.bench import _job_and_tape, _quiet, _verdict, top1
+    from car_ray.bench import _job_and_tape, _quiet, ended, top1
     from car_ray.job import Job
     from car_ray.schedule import Budget
     from car_ray.truth import run_local_scheduler
@@ -157,27 +142,30 @@ def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
     _quiet()
     base, tape = _job_and_tape(str(ROOT / "jobs" / name / "job.toml"))
     job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-    outcome, _, scheduler = run_local_scheduler(job, tape, Budget())
+    outcome, _, scheduler = run_local_scheduler(job, tape, Budget(), rules=rules_of(rule))
     first, right = top1("auto", outcome.attribution, top)
     return {
         "rule": rule,
         "scenario": name,
         "seed": seed,
-        "ended": _verdict(outcome.notes),
+        "ended": ended(outcome.answer),
         "forks": outcome.progress.spent.forks,
         "first": first,
         "right": right,
-        "pair": _pair(scheduler.seed_shapley, top),
+        "pair": _pair(scheduler.results.shapley, top),
     }
 
 
-def _pair(shap: Any, top: list[int]) -> list[int] | None:
+def _pair(shapley: ShapleyResult | None, top: list[int]) -> list[int] | None:
     """A game of two candidates, one of them the exact top: the seeds where the top's phi
     came out above the other's, below it, and all the complete seeds."""
-    if shap is None or len(shap.candidates) != 2 or len(set(top) & set(shap.candidates)) != 1:
+    if shapley is None or len(shapley.candidates) != 2:
         return None
-    phi, _, _ = shap._per_seed()
-    i = shap.candidates.index(next(k for k in top if k in shap.candidates))
+    candidates = list(shapley.candidates)
+    if len(set(top) & set(candidates)) != 1:
+        return None
+    phi = shapley.per_seed_phi
+    i = candidates.index(next(k for k in top if k in candidates))
     diff = phi[:, i] - phi[:, 1 - i]
     return [int((diff > 0).sum()), int((diff < 0).sum()), int(diff.size)]
 
@@ -204,14 +192,13 @@ def one_look_miss(wins: float, losses: float, seeds: int, alpha: float) -> float
 
 def tie(rule: str) -> dict[str, Any]:
     """How often the verdict, looked at after each seed, names one of two tied steps."""
-    apply(rule)
-    from car_ray.schedule._mechanism import SeedShapley
+    from car_ray.schedule import SeedShapley
 
     draws = random.Random(11)
     wrong = 0
     for r in range(TIE_RUNS):
-        shap = SeedShapley([2, 5], 0.05, salt=f"tie{r}")
-        shap.horizon = TIE_SEEDS  # type: ignore[attr-defined]
+        shap = SeedShapley([2, 5], 0.05, salt=f"tie{r}", rule=rules_of(rule).stop)
+        shap.horizon = TIE_SEEDS
         for seed in range(TIE_SEEDS):
             u = {k: draws.random() for k in (2, 5)}
             for coalition in shap.coalitions(seed):

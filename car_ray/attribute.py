@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import re
 import signal
 import threading
 import time
@@ -28,6 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from . import __version__
+from ._notes import Note
 from .execute import (
     AgentCode,
     Executor,
@@ -279,33 +279,17 @@ def _spend_text(p: Progress) -> str:
     return " · ".join(spend)
 
 
-_ARM = re.compile(r"\b([a-z]+)@(\d+)\b")
-
-
 def leader_text(scheduler: Scheduler | None, tape: Tape, p: Progress) -> str:
     """The leading cause so far, named by its step and what happened there: the re-drawn step
-    with the most blame once two seeds are complete, else the race's leaders with every
-    `kind@step` spelled out."""
-    shap = scheduler.seed_shapley if scheduler is not None else None
-    if shap is not None and shap.candidates and len(shap.complete_seeds()) >= 2:
-        phis = {k: e[0] for k, e in shap.estimates().items() if e[0].value is not None}
-        if phis:
-            step = max(phis, key=lambda k: phis[k].value or 0.0)
-            phi = phis[step]
-            bounds = f" [{phi.low:.2f}, {phi.high:.2f}]" if phi.low is not None else ""
-            return (
-                f"step {step}, where {describe_step(tape.steps[step], 60)} "
-                f"(φ {phi.value:.2f}{bounds})"
-            )
-
-    def spelled(m: re.Match[str]) -> str:
-        kind, step = m.group(1), int(m.group(2))
-        if not 0 <= step < len(tape.steps):
-            return m.group(0)
-        what = describe_step(tape.steps[step], 60)
-        return f"step {step}, where {what}" + ("" if kind == "resample" else f" ({kind})")
-
-    return _ARM.sub(spelled, p.leader)
+    with the most blame once two seeds are complete (`Scheduler.lead`)."""
+    lead = scheduler.lead() if scheduler is not None else None
+    if lead is None:
+        return ""
+    step, phi = lead
+    bounds = (
+        f" [{phi.low:.2f}, {phi.high:.2f}]" if phi.low is not None and phi.high is not None else ""
+    )
+    return f"step {step}, where {describe_step(tape.steps[step], 60)} (φ {phi.value:.2f}{bounds})"
 
 
 def progress_line(p: Progress, leader: str, stage: str | None = None) -> str:
@@ -326,7 +310,7 @@ def _progress_table(p: Progress, leader: str = "") -> Table:
         "forks", f"{p.done} done, {p.in_flight} in flight, {p.resumed} resumed, {p.lost} lost"
     )
     table.add_row("spent", escape(_spend_text(p)))
-    table.add_row("leader", escape(leader or p.leader or "—"))
+    table.add_row("leader", escape(leader or "—"))
     eta = f"{p.eta_s:.0f} s" if p.eta_s is not None else "—"
     table.add_row("time", f"{elapsed:.1f} s, ETA {eta}")
     return table
@@ -450,7 +434,7 @@ def summary(folder: str, outcome: JobOutcome, tape: Tape | None = None) -> dict[
         "forks_run": p.done,
         "resumed": p.resumed,
         "spent": p.spent.as_dict(),
-        "notes": outcome.notes,
+        "notes": [n.model_dump() for n in outcome.notes],
         "attribution": outcome.attribution,
     }
 
@@ -520,9 +504,13 @@ def attribute(
         saved = load_saved(folder)
         spent = saved.progress.spent
         saved.notes.append(
-            f"this job was complete: nothing run, nothing spent now (it spent {spent.forks} "
-            f"forks, ${spent.usd:.4f} in all). `--more` runs on to halve the target interval "
-            f"width (±{job.spec.target_half_width / 2:g}) under as much budget again"
+            Note(
+                kind="complete",
+                text=f"this job was complete: nothing run, nothing spent now (it spent "
+                f"{spent.forks} forks, ${spent.usd:.4f} in all). `--more` runs on to halve the "
+                f"target interval width (±{job.spec.target_half_width / 2:g}) under as much "
+                "budget again",
+            )
         )
         return folder, saved
     stale = None if is_uri(out) or previous else _stale_code(out, job, tape, job_id)
@@ -534,7 +522,7 @@ def attribute(
             job, tape, out, job_id, address, max_usd, max_forks, console, recorded, more, held
         )
     if stale:
-        outcome.notes.insert(0, stale)
+        outcome.notes.insert(0, Note(kind="stale_code", severity="warning", text=stale))
     return folder, outcome
 
 
@@ -675,11 +663,10 @@ class JobRun:
             already_spent=self.already,
             carried=self.carried,
             already_elapsed_s=(self.ledger.elapsed_s if self.ledger else None) or 0.0,
-            candidates=previous.shapley_candidates if previous else [],
+            precise_only=self.run_job is not self.job,  # --more on a complete job
             on_progress=on_progress,
             on_submit=on_submit or (lambda: self.checkpoint()),
         )
-        self.scheduler.precise_only = self.run_job is not self.job  # --more on a complete job
         return self.scheduler
 
     def checkpoint(self, p: Progress | None = None) -> None:
@@ -699,20 +686,27 @@ class JobRun:
     def settle(self, outcome: JobOutcome, interrupted: bool = False) -> None:
         """The status the scheduler cannot know: interrupted, or nothing measured (either
         answers nothing)."""
-        if outcome.answer is not None and (interrupted or not measured(outcome.attribution)):
-            outcome.answer = outcome.answer.model_copy(update={"kind": "unanswered"})
         if interrupted:
             outcome.status = "interrupted"
-            outcome.notes.append(_interrupted_text(len(self.existing) + outcome.progress.done))
+            text = _interrupted_text(len(self.existing) + outcome.progress.done)
+            outcome.notes.append(Note(kind="interrupted", severity="warning", text=text))
         elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
             budget = self.budget
             outcome.status = "nothing_measured"
             outcome.notes.append(
-                "NOTHING MEASURED: the budget ended before any step or arm had a value (caps: "
-                f"{budget.max_forks or '∞'} forks"
-                + (f", ${budget.max_usd:g}" if budget.max_usd else "")
-                + f"); a budget that gives an answer: {answer_budget(self.job, self.tape)}"
+                Note(
+                    kind="nothing_measured",
+                    severity="error",
+                    text="NOTHING MEASURED: the budget ended before any step or arm had a "
+                    f"value (caps: {budget.max_forks or '∞'} forks"
+                    + (f", ${budget.max_usd:g}" if budget.max_usd else "")
+                    + f"); a budget that gives an answer: {answer_budget(self.job, self.tape)}",
+                )
             )
+        else:
+            return
+        if outcome.answer is not None:
+            outcome.answer = outcome.answer.model_copy(update={"kind": "unanswered"})
 
     def stop(self) -> int:
         """The run stopped before the job ended (Ctrl-C, a stopped batch): close the sink,
@@ -740,11 +734,16 @@ class JobRun:
         if scheduler is not None:
             warning = _constant_scorer(self.job, scheduler, self.recorded)
             if warning:
-                outcome.notes.append(warning)
+                outcome.notes.append(Note(kind="constant_scorer", severity="warning", text=warning))
         if carried.forks:
             outcome.notes.append(
-                f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by forks an "
-                "earlier run left in flight: counted against the caps, not shown as spent"
+                Note(
+                    kind="carried",
+                    text=f"carried over: ${carried.usd:.4f} ({carried.forks} forks) reserved by "
+                    "forks an earlier run left in flight: counted against the caps, not shown "
+                    "as spent",
+                    figures={"forks": carried.forks, "usd": carried.usd},
+                )
             )
         info.status = outcome.status
         info.notes = outcome.notes

@@ -420,10 +420,12 @@ def _answer_kind(info: JobInfo | None) -> str | None:
 
 
 def _reason(info: JobInfo | None) -> str | None:
-    """What a trace whose job did not give an answer says (its first note)."""
+    """What a trace whose job did not give an answer says: its first error note, else its
+    first note."""
     if info is None or info.status in ("complete", "budget_exhausted") or not info.notes:
         return None
-    return " ".join(info.notes[0].split())[:500]
+    note = next((n for n in info.notes if n.severity == "error"), info.notes[0])
+    return " ".join(note.text.split())[:500]
 
 
 def batch_forks(folder: str) -> pads.Dataset:

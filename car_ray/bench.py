@@ -69,7 +69,7 @@ import os
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -83,6 +83,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ._answer import Answer
+from ._notes import Note
 from .job import Job, load_job
 from .schedule import Budget, job_arms
 from .truth import Truth
@@ -158,7 +160,8 @@ class Result:
     forks: int
     status: str
     attribution: list[dict[str, Any]]
-    notes: list[str]
+    notes: list[Note]
+    answer: Answer | None
     wall_s: float
     cpu_s: float
     error: str | None
@@ -230,13 +233,14 @@ def _run(task: Task) -> Result:
         outcome, _ = run_local(job, tape, budget)
     except Exception as exc:  # one broken run is a row, not the end of the benchmark
         wall, cpu = time.perf_counter() - began, time.process_time() - cpu
-        return Result(task, 0, "error", [], [], wall, cpu, repr(exc))
+        return Result(task, 0, "error", [], [], None, wall, cpu, repr(exc))
     return Result(
         task,
         outcome.progress.spent.forks,
         outcome.status,
         outcome.attribution,
         outcome.notes,
+        outcome.answer,
         time.perf_counter() - began,
         time.process_time() - cpu,
         None,
@@ -277,23 +281,13 @@ def top1(
     return int(first["step"]), first["step"] in top and ahead
 
 
-def _verdict(notes: Iterable[str]) -> str | None:
-    """How auto's Shapley stage ended, from its note: "separated" or "precise" (it stopped
-    on its own), "nothing" (no step makes a choice), "budget" (the budget ended first: that
-    note also says "separated", as in "before the top separated"), None if it never ran."""
-    for note in notes:
-        if not note.startswith("shapley:"):
-            continue
-        if "budget ended" in note:
-            return "budget"
-        if "no step makes a choice" in note or "no step was seen to make a choice" in note:
-            return "nothing"
-        if "precise" in note:
-            return "precise"
-        if "separated" in note:
-            return "separated"
-        return "other"
-    return None
+def ended(answer: Answer | None) -> str | None:
+    """How the held mechanism ended, from its answer: "separated", "precise" or "nothing"
+    (it stopped on its own), "budget" (it did not answer before its budget ended), None
+    without an answer (a comparison scheme's, or none)."""
+    if answer is None or answer.kind == "measured":
+        return None
+    return "budget" if answer.kind in ("lead", "unanswered") else answer.kind
 
 
 def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any]:
@@ -317,7 +311,7 @@ def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any
         for r in resample
         if r["rank"] is not None and r["phi_lo"] is not None and r["phi_hi"] is not None
     ]
-    verdict = _verdict(result.notes) if task.scheme == "auto" else None
+    verdict = ended(result.answer) if task.scheme == "auto" else None
     return {
         "scenario": task.scenario,
         "scheme": task.scheme,

@@ -740,10 +740,9 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
 
     console.print(results_table(outcome, tape))
     for note in outcome.notes:
-        loud = "FAILED" in note or "divergence" in note or note.startswith(("NOTHING", "WARN"))
-        style = "bold red" if loud else "yellow"
+        style = "bold red" if note.severity == "error" else "yellow"
         # A pipe or log gets each note on one line: a path in it is never broken.
-        console.print(f"[{style}]{escape(note)}[/]", soft_wrap=not console.is_terminal)
+        console.print(f"[{style}]{escape(note.text)}[/]", soft_wrap=not console.is_terminal)
     p = outcome.progress
     if isinstance(outcome, SavedOutcome):
         console.print(

@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from ._notes import Note
 from .job import Job
 from .results import JobDir, has_job, is_uri, job_location, shown, split_job_location
 from .tape import Tape
@@ -365,7 +366,7 @@ def results_folder(target: str, out: str, address: str | None) -> Found:
     )
 
 
-def partial_note(folder: str, outcome: Any) -> str | None:
+def partial_note(folder: str, outcome: Any) -> Note | None:
     """What a job's output holds when its job.json still says `running`: the job runs, or
     it was killed before it could write its table. The rows it streamed are on disk."""
     from .results import ForkSink
@@ -379,11 +380,14 @@ def partial_note(folder: str, outcome: Any) -> str | None:
         if is_uri(folder)
         else "Parquet parts and _journal.jsonl"
     )
-    return (
-        f"PARTIAL: {shown(folder)} holds no finished run: job.json says 'running' (the job "
-        f"still runs, or it was killed before it wrote its table). {rows} fork rows are saved "
-        f"in {shown(folder)}/forks ({where}); run the job again on the same output to resume "
-        "it and write the table"
+    return Note(
+        kind="partial",
+        severity="error",
+        text=f"PARTIAL: {shown(folder)} holds no finished run: job.json says 'running' (the "
+        f"job still runs, or it was killed before it wrote its table). {rows} fork rows are "
+        f"saved in {shown(folder)}/forks ({where}); run the job again on the same output to "
+        "resume it and write the table",
+        figures={"rows": rows},
     )
 
 

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from ._aio import run as run_loop
+from ._notes import Note
 from ._scenario import ensure_tape
 from .job import Job, load_job
 from .truth import Truth, solve
@@ -75,7 +76,7 @@ def score(
     name: str,
     truth: Truth,
     attribution: list[dict[str, Any]],
-    notes: list[str],
+    notes: list[Note],
     forks: int,
     status: str,
     steps: int,
@@ -128,7 +129,7 @@ def score(
         if top > SLACK and found < top - TIE:
             arms_ok = False
             misses.append(f"{kind}: rank 1 is step(s) {ranked_first}, exact best {exact}")
-    control_ok = not any("NEGATIVE CONTROL FAILED" in n for n in notes)
+    control_ok = not any(n.kind == "control_failed" for n in notes)
     # A player the screen missed by chance (it rarely leaves the tape) is honest while its
     # bound covers its phi; one outside it is a step the screen cannot see.
     unseen = [

@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from car_ray import AgentContext
+from car_ray._notes import Note
 from car_ray.attribute import results_table
 from car_ray.cli import _print_outcome, _row_table, app
 from car_ray.job import load_job
@@ -154,7 +155,8 @@ def test_the_attribution_table_keeps_its_headers_and_labels() -> None:
         "sufficiency_lo": None,
         "sufficiency_hi": None,
     }
-    outcome = JobOutcome("j", "complete", [row], [f"divergence at step 0: {MARKUP}"], Progress())
+    notes = [Note(kind="note", text=f"divergence at step 0: {MARKUP}")]
+    outcome = JobOutcome("j", "complete", [row], notes, Progress())
     table = _printed(results_table(outcome))
     assert "blame φ" in table and "necessity" in table
     assert MARKUP in table and "0.50" in table and "[-0.25, 0.75]" in table
@@ -167,7 +169,8 @@ def test_notes_rows_and_paths_that_look_like_markup_are_printed_as_they_are(
 
     out = io.StringIO()
     monkeypatch.setattr(cli_module, "console", Console(file=out, width=200, color_system=None))
-    outcome = JobOutcome("j", "complete", [], [f"divergence at step 0: {MARKUP}"], Progress())
+    notes = [Note(kind="note", text=f"divergence at step 0: {MARKUP}")]
+    outcome = JobOutcome("j", "complete", [], notes, Progress())
     _print_outcome(f"out/{MARKUP}", outcome)
     row = ForkRow(
         task_id="t",

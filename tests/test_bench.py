@@ -8,7 +8,8 @@ from typing import Any
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from car_ray.bench import SCHEMA, SCHEMES, _verdict, main, plan_scenario, tasks_of, top1
+from car_ray._answer import Answer
+from car_ray.bench import SCHEMA, SCHEMES, ended, main, plan_scenario, tasks_of, top1
 
 from .conftest import ROOT
 
@@ -89,15 +90,11 @@ def test_top1_counts_a_tie_with_a_wrong_step_as_wrong() -> None:
     assert not top1("uniform-live", [_row(0, 0.25, 1)], [])[1]
 
 
-def test_verdict_reads_a_budget_stop_as_no_stop() -> None:
-    assert _verdict(["screen: 24 forks", "shapley: 5 seeds; top cause [2] separated at 95%"]) == (
-        "separated"
-    )
-    assert _verdict(["shapley: 5 seeds; the budget ended before the top separated"]) == "budget"
-    assert _verdict(["shapley: no step makes a choice that could change the outcome"]) == (
-        "nothing"
-    )
-    assert _verdict(["screen: 3 forks"]) is None
+def test_ended_reads_a_job_that_did_not_answer_as_no_stop() -> None:
+    assert ended(Answer(kind="separated", top=[2])) == "separated"
+    assert ended(Answer(kind="lead")) == ended(Answer(kind="unanswered")) == "budget"
+    assert ended(Answer(kind="nothing")) == "nothing"
+    assert ended(Answer(kind="measured")) is None and ended(None) is None
 
 
 def test_the_grid_runs_uniform_from_one_fork_a_step() -> None:

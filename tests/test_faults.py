@@ -165,8 +165,8 @@ def test_a_provider_down_for_good_is_a_failed_job_not_a_crash(
     assert rows and all(r["status"] in ("ok", "provider_error") for r in rows)
     failed = [r for r in rows if r["status"] == "provider_error"]
     assert failed and all(r["task_id"].rsplit("/p", 1)[1] in "0123" for r in failed)
-    assert any("gave up a fork after 4 provider failures" in n for n in outcome.notes)
-    assert any(n.startswith("FAILED:") for n in outcome.notes)
+    assert any("gave up a fork after 4 provider failures" in n.text for n in outcome.notes)
+    assert any(n.kind == "failed" and n.text.startswith("FAILED:") for n in outcome.notes)
 
 
 FLAKY_AGENT = '''

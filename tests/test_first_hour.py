@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from car_ray._notes import Note
 from car_ray.attribute import results_table
 from car_ray.cli import app
 from car_ray.report import render_report
@@ -122,7 +123,7 @@ def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fi
         "not separated from the other steps: the budget ended first (see the notes)"
     ), line
     note = "shapley: 12 seeds; the budget ended before the top separated: step 4 came out ahead"
-    assert verdict(_rows(), support_tape, "budget_exhausted", [note]) == line
+    assert verdict(_rows(), support_tape, "budget_exhausted", [Note.legacy(note)]) == line
     assert verdict(_rows(), support_tape, "budget_exhausted") == line
 
 

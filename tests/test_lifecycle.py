@@ -207,7 +207,8 @@ def test_a_complete_job_rerun_spends_nothing_unless_asked_for_more(
     # ±0.03 takes far more than as much budget again: the run ends on it, its top still
     # separated (a complete job, `--more` may go on again) and the verdict still a fix.
     assert after["status"] == "complete", after["status"]
-    assert "--more: the budget ended before every interval was within ±0.03" in after["notes"]
+    more_note = "--more: the budget ended before every interval was within ±0.03"
+    assert {"kind": "more", "severity": "info", "text": more_note, "figures": {}} in after["notes"]
     assert after["verdict"].startswith("verdict: fix step 4"), after["verdict"]
 
 

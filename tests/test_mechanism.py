@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Callable
@@ -13,15 +12,9 @@ from scipy.special import betaln
 from scipy.stats import binom
 
 from car_ray.replay import ForkSpec, Resample
-from car_ray.schedule._estimators import exact_shapley
-from car_ray.schedule._mechanism import (
-    SIGN_PRIOR,
-    DeviationScreen,
-    SeedShapley,
-    _signs_after,
-    _signs_agree,
-    mean_interval,
-)
+from car_ray.schedule import DeviationScreen, SeedShapley, exact_shapley
+from car_ray.schedule._tuning import SIGN_PRIOR
+from car_ray.schedule.rules import mean_interval, signs_after, signs_agree
 
 P_BAD = {2: 0.3, 5: 0.3, 7: 0.9}  # a fresh draw at the step keeps its harmful action
 
@@ -141,7 +134,7 @@ def test_a_separated_top_on_the_echo_scenario_is_the_root() -> None:
     for seed in range(4):
         spec = job.spec.model_copy(update={"attribution_seed": seed, "method": "auto"})
         outcome, _ = run_local(Job(job.path, spec), tape, Budget())
-        if not any("separated at" in n for n in outcome.notes):
+        if outcome.answer is None or outcome.answer.kind != "separated":
             continue
         stopped += 1
         rows = [r for r in outcome.attribution if r["intervention"] == "resample"]
@@ -165,7 +158,7 @@ def test_a_job_that_finds_no_choice_says_how_far_its_draws_show_it() -> None:
 
     job, tape = _job_and_tape("jobs/null_control/job.toml")
     outcome, _ = run_local(job, tape, Budget())
-    (note,) = [n for n in outcome.notes if n.startswith("shapley:")]
+    (note,) = [n.text for n in outcome.notes if n.kind == "shapley"]
     assert note == (
         "shapley: no step makes a choice that could change the outcome, as far as 20 "
         "re-draw(s) of each step show: at 95%, none leaves its recorded action more than 14% "
@@ -183,25 +176,26 @@ def test_a_screen_that_gave_up_early_does_not_claim_no_step_chooses() -> None:
     bound 20 draws would give."""
     from types import SimpleNamespace
 
-    from car_ray.schedule._stages import held_notes
+    from car_ray.schedule import Results
+    from car_ray.schedule._table import held_notes
+    from car_ray.schedule.stages._screening import screen_result
 
     screen = DeviationScreen([0, 1, 2, 3], clean_needed=20)
     screen.observe([0, 1, 2, 3], None)  # one clean draw of each
     for _ in range(3):
         screen.observe([2, 3], 0)  # left the tape at step 0, which it did not re-draw
-    job = SimpleNamespace(
-        screen=screen,
-        seed_shapley=None,
-        verdict=("separated", []),
-        spec=SimpleNamespace(confidence=0.95),
-        alpha=0.05,
-    )
-    note = held_notes(job)[-1]  # type: ignore[arg-type]
+    ctx = SimpleNamespace(spec=SimpleNamespace(confidence=0.95), alpha=0.05)
+
+    def last_note() -> str:
+        results = Results(screened=screen_result(screen, ("separated", ())))
+        return held_notes(ctx, results)[-1].text  # type: ignore[arg-type]
+
+    note = last_note()
     assert note.startswith("shapley: no step was seen to make a choice, but the screen stopped")
     assert "as few as 1 re-draw(s)" in note and "%" not in note
     for _ in range(19):
         screen.observe([0, 1, 2, 3], None)
-    assert held_notes(job)[-1].endswith("more than 14% of the time")  # type: ignore[arg-type]
+    assert last_note().endswith("more than 14% of the time")
 
 
 def test_the_joint_clearance_errs_at_most_alpha() -> None:
@@ -216,7 +210,8 @@ def test_the_joint_clearance_errs_at_most_alpha() -> None:
     erred 0.044 at alpha = 0.025 once the draws follow the flips.) At alpha 5% and 2.5%."""
     from scipy.stats import binom
 
-    from car_ray.schedule._mechanism import clean_to_clear, exact_lower
+    from car_ray.schedule._interval import exact_lower
+    from car_ray.schedule.rules import clean_to_clear
 
     for alpha in (0.05, 0.025):
         topped_up = fixed = 0.0
@@ -289,7 +284,7 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     from car_ray.bench import _job_and_tape
     from car_ray.job import Job
     from car_ray.schedule import Budget, effective_budget
-    from car_ray.schedule._stages import probes_of
+    from car_ray.schedule._context import probes_of
     from car_ray.truth import run_local_scheduler
 
     def found_by_probe(row: dict[str, object]) -> bool:
@@ -301,7 +296,7 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
         job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
         whole, whole_rows, whole_job = run_local_scheduler(job, tape, Budget())
         hits = [i for i, row in enumerate(whole_rows) if found_by_probe(row)]
-        if hits and whole_job.verdict == ("separated", [4]):
+        if hits and whole_job.results.verdict == ("separated", (4,)):
             break
     else:
         pytest.fail("no attribution seed of 20 has a probe find a step and separates")
@@ -315,42 +310,46 @@ def test_a_job_stopped_just_after_a_probe_found_a_step_resumes_knowing_it() -> N
     resumed, new_rows, resumed_job = run_local_scheduler(job, tape, Budget(), already=rows)
     ids = [r["task_id"] for r in rows + new_rows]
     assert len(ids) == len(set(ids)), "a fork ran twice"
-    assert resumed_job.screen is not None and found in resumed_job.screen.candidates
-    assert resumed_job.seed_shapley is not None and found in resumed_job.seed_shapley.candidates
+    resumed_screen, resumed_shapley = resumed_job.results.screen, resumed_job.results.shapley
+    assert resumed_screen is not None and found in resumed_screen.candidates
+    assert resumed_shapley is not None and found in resumed_shapley.candidates
     for row in new_rows:
         spec = ForkSpec.model_validate_json(row["spec"])
         assert found not in probes_of(spec), f"{row['task_id']} probes step {found} again"
     cap = effective_budget(Budget(), len(tape.steps)).max_forks
     assert cap is not None and len(rows) + len(new_rows) <= cap, "the resume broke the cap"
     assert resumed.status == whole.status == "complete"
-    assert resumed_job.verdict == whole_job.verdict == ("separated", [4])
+    assert resumed_job.results.verdict == whole_job.results.verdict == ("separated", (4,))
 
 
-def test_a_capped_job_begins_only_the_seeds_it_can_finish(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_capped_job_begins_only_the_seeds_it_can_finish() -> None:
     """The estimates count complete seeds only, so a Shapley fork of a seed the budget cuts
     off half way is paid for and tells nothing. Under a cap, a seed is begun only when the
     forks left could finish it after the seeds begun. jobs/and_conj at 14 forks (three
     candidates: a seed costs about 2.5 forks), 10 attribution seeds, side by side with the
     same runs that begin seeds regardless of the cap: more of the Shapley forks count, and
     a job that stopped beginning seeds says its budget ended."""
+    from dataclasses import replace
+
     from car_ray.bench import _job_and_tape
     from car_ray.job import Job
-    from car_ray.schedule import Budget, Scheduler
-    from car_ray.schedule._stages import SHAPLEY_SEEDS
+    from car_ray.schedule import SHIPPED_RULES, Budget, ShapleyRules
+    from car_ray.schedule.rules import NarrowingWindow
+    from car_ray.schedule.stages import SHAPLEY_SEEDS
     from car_ray.truth import run_local_scheduler
 
     base, tape = _job_and_tape("jobs/and_conj/job.toml")
 
-    def share_counted() -> float:
+    def share_counted(rules: ShapleyRules) -> float:
         forks = counted = 0
         for seed in range(10):
             job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-            outcome, rows, scheduler = run_local_scheduler(job, tape, Budget(max_forks=14))
+            budget = Budget(max_forks=14)
+            outcome, rows, scheduler = run_local_scheduler(job, tape, budget, rules=rules)
             assert outcome.status == "budget_exhausted", (seed, outcome.status)
-            assert scheduler.seed_shapley is not None
-            complete = set(scheduler.seed_shapley.complete_seeds())
+            shapley = scheduler.results.shapley
+            assert shapley is not None
+            complete = set(shapley.seeds)
             for row in rows:
                 if row["stage"] == "shapley":
                     spec = ForkSpec.model_validate_json(row["spec"])
@@ -358,15 +357,15 @@ def test_a_capped_job_begins_only_the_seeds_it_can_finish(
                     counted += spec.seed - scheduler.seed_base - SHAPLEY_SEEDS in complete
         return counted / forks
 
-    with_rule = share_counted()
-    monkeypatch.setattr(Scheduler, "forks_left", lambda self: None)
-    without = share_counted()
+    with_rule = share_counted(SHIPPED_RULES)
+    # Seeds begun regardless of the cap: not held to what the forks left could finish, nor
+    # to the window's share of them.
+    regardless = replace(SHIPPED_RULES, finish_seeds=False, window=NarrowingWindow(of_left=None))
+    without = share_counted(regardless)
     assert with_rule > without + 0.1, (with_rule, without)
 
 
-def test_a_small_budget_keeps_forks_back_for_the_steps_its_first_forks_find(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_small_budget_keeps_forks_back_for_the_steps_its_first_forks_find() -> None:
     """At a budget of about one fork a step, the first Shapley forks often find another
     step (Shapley starts over). With every fork the cap leaves sent at once, nothing was
     left for the game over the steps found, and the first row named a step the forks had
@@ -374,10 +373,13 @@ def test_a_small_budget_keeps_forks_back_for_the_steps_its_first_forks_find(
     jobs/research_async at 8, attribution seeds 0-9, side by side with all at once. The
     first row is an exact top step, above every other (`bench.top1`, against the exact
     values), in at least 9 of 10 (measured: 10 and 9; all at once: 7 and 4)."""
+    from dataclasses import replace
+
     from car_ray import _aio
     from car_ray.bench import _job_and_tape, top1, top_exact
     from car_ray.job import Job
-    from car_ray.schedule import Budget, _stages
+    from car_ray.schedule import SHIPPED_RULES, Budget, ShapleyRules
+    from car_ray.schedule.rules import NarrowingWindow
     from car_ray.truth import run_local, solve
 
     tops = {}
@@ -385,18 +387,19 @@ def test_a_small_budget_keeps_forks_back_for_the_steps_its_first_forks_find(
         base, tape = _job_and_tape(f"jobs/{name}/job.toml")
         tops[name] = top_exact(_aio.run(solve(base, tape)))
 
-    def right(name: str, cap: int) -> int:
+    def right(name: str, cap: int, rules: ShapleyRules) -> int:
         base, tape = _job_and_tape(f"jobs/{name}/job.toml")
         got = 0
         for seed in range(10):
             job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-            outcome, _ = run_local(job, tape, Budget(max_forks=cap))
+            outcome, _ = run_local(job, tape, Budget(max_forks=cap), rules)
             got += top1("auto", outcome.attribution, tops[name])[1]
         return got
 
-    halves = {name: right(name, cap) for name, cap in (("and_conj", 7), ("research_async", 8))}
-    monkeypatch.setattr(_stages, "IN_FLIGHT_OF_LEFT", 1.0)
-    at_once = {name: right(name, cap) for name, cap in (("and_conj", 7), ("research_async", 8))}
+    caps = (("and_conj", 7), ("research_async", 8))
+    halves = {name: right(name, cap, SHIPPED_RULES) for name, cap in caps}
+    every = replace(SHIPPED_RULES, window=NarrowingWindow(of_left=1.0))
+    at_once = {name: right(name, cap, every) for name, cap in caps}
     assert all(n >= 9 for n in halves.values()), (halves, at_once)
     assert sum(halves.values()) >= sum(at_once.values()) + 4, (halves, at_once)
 
@@ -417,7 +420,7 @@ def test_a_step_found_as_the_budget_ends_leaves_the_blame_measured_before_it() -
     for seed in range(40):
         job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
         outcome, _ = run_local(job, tape, Budget(max_forks=28))
-        if not any("were not measured" in n for n in outcome.notes):
+        if not any("were not measured" in n.text for n in outcome.notes):
             continue
         late += 1
         rows = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
@@ -431,35 +434,37 @@ def test_a_step_found_as_the_budget_ends_leaves_the_blame_measured_before_it() -
     assert late >= 1, "no seed of 40 found a step as the budget ended"
 
 
-def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before_it() -> None:
     """jobs/research_async at 16 forks: probes find steps 2, 4 and 6 one after another, and
     the Shapley over all three often ends with one or two complete seeds, those that stayed
     on the tape and blame nothing (every candidate tied at phi 0). The game before it, with
-    more seeds, answers then (`_stages.answering`): over attribution seeds 0-19 the first
+    more seeds, answers then (`rules.earlier_if_blameless`): over attribution seeds 0-19 the first
     row is an exact top step, above every other (`bench.top1`), in at least 18 (measured
     19), and more than with the last game always shown (measured 17); each job it answered
     says which steps were measured in too few seeds, ranks none of them and claims no
     verdict.
-    A last game whose few seeds blame something still answers (`answering`'s docstring:
-    jobs/overdetermined at 18 forks)."""
+    A last game whose few seeds blame something still answers (jobs/overdetermined at 18
+    forks: the tuning record)."""
+    from dataclasses import replace
+
     from car_ray import _aio
     from car_ray.bench import _job_and_tape, top1, top_exact
     from car_ray.job import Job
-    from car_ray.schedule import Budget, _stages
+    from car_ray.schedule import SHIPPED_RULES, Budget, ShapleyRules
+    from car_ray.schedule.rules import later_always
     from car_ray.truth import run_local, solve
 
     base, tape = _job_and_tape("jobs/research_async/job.toml")
     top = top_exact(_aio.run(solve(base, tape)))
 
-    def right() -> tuple[int, int]:
+    def right(rules: ShapleyRules) -> tuple[int, int]:
         got = answered = 0
         for seed in range(20):
             job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-            outcome, _ = run_local(job, tape, Budget(max_forks=16))
+            outcome, _ = run_local(job, tape, Budget(max_forks=16), rules)
             got += top1("auto", outcome.attribution, top)[1]
-            note = next((n for n in outcome.notes if "a verdict looks at" in n), None)
+            late_notes = [n.text for n in outcome.notes if n.kind == "shapley_late"]
+            note = next((n for n in late_notes if "a verdict looks at" in n), None)
             if note is None:
                 continue
             answered += 1
@@ -471,16 +476,8 @@ def test_a_shapley_with_too_few_seeds_as_the_budget_ends_leaves_the_blame_before
             assert outcome.status == "budget_exhausted", seed
         return got, answered
 
-    got, answered = right()
-
-    def last_always(later: SeedShapley, earlier: SeedShapley | None) -> SeedShapley:
-        # The rule before: the earlier only when the later has no complete seed at all.
-        if earlier is not None and earlier.complete_seeds() and not later.complete_seeds():
-            return earlier
-        return later
-
-    monkeypatch.setattr(_stages, "answering", last_always)
-    before, _ = right()
+    got, answered = right(SHIPPED_RULES)
+    before, _ = right(replace(SHIPPED_RULES, answering=later_always))
     assert answered >= 1 and got >= 18 and got > before, (got, answered, before)
 
 
@@ -499,14 +496,14 @@ def test_a_step_found_by_the_last_fork_the_budget_allows_is_named_as_not_measure
     for seed in range(10):
         job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
         outcome, _ = run_local(job, tape, Budget(max_forks=18))
-        (found,) = [n for n in outcome.notes if "steps that make choices:" in n]
-        candidates = json.loads(found.rsplit(":", 1)[1])
+        (found,) = [n for n in outcome.notes if n.kind == "screen"]
+        candidates = found.figures["candidates"]
         rows = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
         unmeasured = [k for k in candidates if rows[k]["phi"] is None]
         if not unmeasured:
             continue
         named += 1
-        note = next(n for n in outcome.notes if "were not measured" in n)
+        note = next(n.text for n in outcome.notes if n.kind == "shapley_late")
         assert f"step(s) {unmeasured} make choices but were not measured" in note, note
         assert outcome.status == "budget_exhausted" and rows[2]["rank"] == 1, seed
     assert named >= 1, "no seed of 10 found a step with the last forks"
@@ -533,24 +530,22 @@ def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go
             break
     else:
         pytest.fail("every default relay job of seeds 0-19 stopped on its own")
-    assert first.verdict is None and first.seed_shapley is not None
-    shap = first.seed_shapley
-    phi, _, _ = shap._per_seed()
-    diff = phi[:, shap.candidates.index(2)] - phi[:, shap.candidates.index(6)]
+    shapley = first.results.shapley
+    assert shapley is not None and shapley.verdict is None
+    phi, candidates = shapley.per_seed_phi, list(shapley.candidates)
+    diff = phi[:, candidates.index(2)] - phi[:, candidates.index(6)]
     wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
-    note = next(n for n in outcome.notes if n.startswith("shapley:"))
+    note = next(n.text for n in outcome.notes if n.kind == "shapley")
     assert "the budget ended before the top separated" in note
     assert f"step 2 came out ahead of step 6 in {wins} seed(s) and behind in {losses}" in note
     spent = outcome.progress.spent.forks
     more = int(note.split("about ")[1].split(" more")[0])
     cap = int(note.split("--max-forks ")[1].split(" ")[0])
     assert more > 0 and cap == spent + math.ceil(1.5 * more), note
-    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes)
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     assert line.startswith("verdict: most likely step 2, where") and "fix" not in line, line
 
-    on, _, _ = run_local_scheduler(
-        job, tape, Budget(max_forks=cap), already=rows, candidates=first.candidates
-    )
+    on, _, _ = run_local_scheduler(job, tape, Budget(max_forks=cap), already=rows)
     assert on.progress.resumed == len(rows)
     assert on.progress.done > 0 and len(rows) + on.progress.done <= cap
 
@@ -561,14 +556,14 @@ def test_a_screen_that_gave_up_on_strays_asks_for_no_more_forks() -> None:
     waiting on its clearance goes on with seeds, not with screen forks that cannot clear."""
     from types import SimpleNamespace
 
-    from car_ray.schedule._stages import screen_forks
+    from car_ray.schedule.stages._screening import screen_forks
 
     screen = DeviationScreen([0, 1, 2, 3], clean_needed=4)
     for _ in range(3):
         screen.observe([2, 3], 0)  # left the tape at step 0, which it did not re-draw
     assert screen.strays == 3 and screen.block()
-    job = SimpleNamespace(screen=screen, _spec=lambda *a: pytest.fail("a fork was asked for"))
-    assert screen_forks(job, room=8, pending=0) == []  # type: ignore[arg-type]
+    ctx = SimpleNamespace(fork=lambda *a: pytest.fail("a fork was asked for"))
+    assert screen_forks(ctx, screen, room=8, pending=0) == []  # type: ignore[arg-type]
 
 
 def test_one_candidate_gets_wilson_intervals_that_cover() -> None:
@@ -667,7 +662,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
     {2, 5} (and {2} is the recorded run); the finding fork is {2, 5} of its seed. The values
     so known are the game's own (`_flips`). (Before, each earlier seed ran again.)"""
     from car_ray.replay import Probe
-    from car_ray.schedule._stages import _observe
+    from car_ray.schedule.stages._shapley import _observe
 
     rng = random.Random(5)
     draws = [{k: rng.random() for k in P_BAD} for _ in range(8)]
@@ -735,7 +730,7 @@ def test_the_sign_test_looked_at_after_every_seed_errs_at_most_its_level(alpha: 
 
     def signs(w: int, lost: int) -> bool:
         diff = np.array([1.0] * w + [-1.0] * lost)
-        return _signs_agree(diff, alpha) or _signs_agree(-diff, alpha)
+        return signs_agree(diff, alpha) or signs_agree(-diff, alpha)
 
     erred = _ever_passes(signs, 200)
     assert 0.5 * alpha < erred <= alpha, erred
@@ -760,13 +755,13 @@ def test_the_seeds_a_sign_test_still_needs_are_the_fewest_at_the_rates_so_far(
     def passes(more: int) -> bool:
         grown = (n + more) / n
         diff = np.array([1.0] * int(wins * grown) + [-1.0] * int(losses * grown))
-        return _signs_agree(diff, 0.05)
+        return signs_agree(diff, 0.05)
 
-    more = _signs_after(wins, losses, n, 0.05)
+    more = signs_after(wins, losses, n, 0.05)
     assert 0 < more < math.inf
     assert passes(int(more)) and not any(passes(k) for k in range(int(more))), more
-    assert _signs_after(6, 0, 10, 0.05) == 0  # passes already
-    assert _signs_after(5, 5, 40, 0.05) == math.inf  # as often behind as ahead: never
+    assert signs_after(6, 0, 10, 0.05) == 0  # passes already
+    assert signs_after(5, 5, 40, 0.05) == math.inf  # as often behind as ahead: never
 
 
 def test_a_top_not_yet_separated_says_which_test_it_lacks() -> None:
@@ -786,7 +781,7 @@ def test_a_top_not_yet_separated_says_which_test_it_lacks() -> None:
         "step 6 came out ahead of step 2 in 18 seed(s) and behind in 6: not yet enough for "
         "the sign test at 95%, valid at every look"
     ]
-    assert more == _signs_after(18, 6, 40, 0.05) > 0
+    assert more == signs_after(18, 6, 40, 0.05) > 0
 
 
 def _ever_passes(passes: Callable[[int, int], bool], most: int) -> float:
@@ -856,7 +851,7 @@ def test_seeds_count_in_order_so_quick_seeds_do_not_pull_phi_to_zero() -> None:
 def test_a_provider_that_ignores_seeds_teaches_nothing_about_other_coalitions() -> None:
     """Without seeds honoured, another fork of the seed draws afresh: its value is not known
     from this one's first deviation."""
-    from car_ray.schedule._stages import _observe
+    from car_ray.schedule.stages._shapley import _observe
 
     row = {"outcome": 1.0, "flipped": False, "first_deviation": None}
     learned, unlearned = SeedShapley([2, 4], 0.05, salt="q"), SeedShapley([2, 4], 0.05, salt="q")
@@ -878,7 +873,7 @@ def test_the_seeds_a_test_needs_are_where_its_interval_passes_zero(sample: list[
     above 0 once it is a fifth past the projection, and not while it is a fifth short of it
     (the slack is the t quantile against the normal one). A mean at or below 0 projects no
     verdict."""
-    from car_ray.schedule._mechanism import _seeds_needed
+    from car_ray.schedule.rules import seeds_needed as _seeds_needed
 
     alpha, base = 0.05, np.array(sample)
     need = _seeds_needed(base, alpha)
@@ -896,7 +891,7 @@ def test_the_seeds_a_test_needs_are_where_its_interval_passes_zero(sample: list[
     assert _seeds_needed(np.zeros(8), alpha) == math.inf
 
 
-def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_forks_in_flight_narrow_as_the_verdict_nears() -> None:
     """A Shapley fork in flight when the verdict comes is paid for and tells nothing. The
     default job keeps about half the forks its verdict still needs in flight (one once its
     tests pass), not a fixed window: jobs/and_conj and jobs/research_async, attribution
@@ -910,21 +905,23 @@ def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyP
     rank-1 step one of the exact top: `car-ray truth` gives 2 and 4 in and_conj, 4 and 6 in
     research_async), fewer forks in all, never more in one job by more than a seed's
     forks, and no fewer jobs that stopped on their own."""
-    from car_ray.bench import _job_and_tape, _verdict
+    from dataclasses import replace
+
+    from car_ray.bench import _job_and_tape, ended
     from car_ray.job import Job
-    from car_ray.schedule import Budget
-    from car_ray.schedule._stages import HeldShapley
+    from car_ray.schedule import SHIPPED_RULES, Budget, ShapleyRules
+    from car_ray.schedule.rules import FixedWindow
     from car_ray.truth import run_local
 
     tops = {"and_conj": {2, 4}, "research_async": {4, 6}}
 
-    def runs() -> list[tuple[int, str | None, list[int]]]:
+    def runs(rules: ShapleyRules) -> list[tuple[int, str | None, list[int]]]:
         out = []
         for name, top in tops.items():
             base, tape = _job_and_tape(f"jobs/{name}/job.toml")
             for seed in range(20, 36):
                 job = Job(base.path, base.spec.model_copy(update={"attribution_seed": seed}))
-                outcome, _ = run_local(job, tape, Budget())
+                outcome, _ = run_local(job, tape, Budget(), rules)
                 first = [
                     r["step"]
                     for r in outcome.attribution
@@ -932,12 +929,11 @@ def test_forks_in_flight_narrow_as_the_verdict_nears(monkeypatch: pytest.MonkeyP
                 ]
                 # Rank 1 may be shared: 4 and 6 of research_async can tie in phi and necessity.
                 assert first and set(first) <= top, (name, seed, first)
-                out.append((outcome.progress.spent.forks, _verdict(outcome.notes), first))
+                out.append((outcome.progress.spent.forks, ended(outcome.answer), first))
         return out
 
-    narrowing = runs()
-    monkeypatch.setattr(HeldShapley, "_window", lambda self, per_seed, left: 8)
-    whole = runs()
+    narrowing = runs(SHIPPED_RULES)
+    whole = runs(replace(SHIPPED_RULES, window=FixedWindow(8)))
     assert sum(r[0] for r in narrowing) < 0.97 * sum(r[0] for r in whole), (narrowing, whole)
     assert all(a[0] <= b[0] + 3 for a, b in zip(narrowing, whole, strict=True)), (narrowing, whole)
     assert sum(r[1] == "separated" for r in narrowing) >= sum(r[1] == "separated" for r in whole)

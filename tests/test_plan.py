@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,8 @@ from car_ray.execute import Item
 from car_ray.job import InterventionEntry, Job, JobFileError, load_job
 from car_ray.providers import PriceTable
 from car_ray.replay import ForkSpec, Resample, SwapPolicy
-from car_ray.schedule import Budget, Scheduler, effective_budget
-from car_ray.schedule._plan import DEFAULT_MAX_FORKS
-from car_ray.schedule._stages import SHAPLEY_SEEDS, BaseStage
+from car_ray.schedule import DEFAULT_MAX_FORKS, Budget, JobContext, Scheduler, effective_budget
+from car_ray.schedule.stages import SHAPLEY_SEEDS, BaseStage, Stage
 from car_ray.tape import Tape
 
 from .conftest import SUPPORT_JOB
@@ -22,7 +22,7 @@ from .conftest import SUPPORT_JOB
 def _scheduler(
     tape: Tape,
     entries: list[InterventionEntry] | None = None,
-    candidates: list[int] | None = None,
+    plan: Callable[[JobContext], list[Stage]] | None = None,
 ) -> Scheduler:
     job = load_job(SUPPORT_JOB)
     if entries is not None:
@@ -35,7 +35,7 @@ def _scheduler(
         sink=None,
         budget=Budget(max_forks=10),
         prices=PriceTable(),
-        candidates=candidates,
+        **({"plan": plan} if plan is not None else {}),
     )
 
 
@@ -52,21 +52,22 @@ def test_an_intervention_that_misfits_its_step_is_refused_before_any_fork(
 
 def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
     s = _scheduler(support_tape)
-    screened = [s._spec("screen", "block", {4: Resample()}, "held") for _ in range(4)]
+    fork = s.context.fork
+    screened = [fork("screen", "block", {4: Resample()}, "held") for _ in range(4)]
     # A screen fork counts on from the last: the j-th is always seed j, never a row again.
     assert [f.seed - s.seed_base for f in screened] == [0, 1, 2, 3]
-    control = s._spec("controls", "held", {}, "held", 0)
-    shapley = s._spec("shapley", "4", {4: Resample()}, "held", SHAPLEY_SEEDS)
+    control = fork("controls", "held", {}, "held", 0)
+    shapley = fork("shapley", (4,), {4: Resample()}, "held", SHAPLEY_SEEDS)
     (observation, *_) = [a for a in s.arms if a.kind == "observation"]
     plan = {observation.step: observation.intervention}
-    arm = s._spec("arms", observation.key, plan, "held", 0)
+    arm = fork("arms", observation.key, plan, "held", 0)
     tasks = [f.task_id for f in [*screened, control, shapley, arm]]
     assert len(set(tasks)) == len(tasks)
 
 
 def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -> None:
     s = _scheduler(support_tape)
-    s.prices = PriceTable.load()
+    s.costs.prices = PriceTable.load()
     recorded = s.estimate(ForkSpec(tape_id=support_tape.tape_id, interventions={2: Resample()}))
     pricier = s.estimate(
         ForkSpec(tape_id=support_tape.tape_id, interventions={2: SwapPolicy(model="gpt-4o")})
@@ -158,8 +159,8 @@ class _Given(BaseStage):
 
     name = "screen"
 
-    def __init__(self, job: Scheduler, specs: list[ForkSpec]) -> None:
-        super().__init__(job)
+    def __init__(self, ctx: JobContext, specs: list[ForkSpec]) -> None:
+        super().__init__(ctx)
         self.given = iter([[("screen", spec) for spec in specs]])
         self.rows: list[str] = []
         self.unrun_ids: list[str] = []
@@ -177,22 +178,28 @@ class _Given(BaseStage):
 def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     support_tape: Tape,
 ) -> None:
-    s = _scheduler(support_tape)
-    specs = [s._spec("screen", "resample@4", {4: Resample()}, "live", j) for j in range(3)]
+    stages: list[_Given] = []
+
+    def plan(ctx: JobContext) -> list[Stage]:
+        specs = [ctx.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
+        stages.append(_Given(ctx, specs))
+        return [stages[0]]
+
+    s = _scheduler(support_tape, plan=plan)
     s.executor = _OneShotExecutor()
+    specs = [s.context.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
     # As if another run of the job wrote this fork's row after this one read the output.
     s.sink = _Sink(refuse={specs[1].task_id})
-    stage = _Given(s, specs)
-    s.plan = lambda: [stage]  # type: ignore[method-assign]
     outcome = s.run()
     assert outcome.status == "complete"
+    (stage,) = stages
     assert stage.rows == [spec.task_id for spec in specs] and stage.unrun_ids == []
-    assert len(s.rows_by_arm[("screen", "resample@4")]) == 3
+    assert len(s.rows.arm("screen", "block")) == 3
     assert s.governor.spent.forks == 3 and s.governor.reserved.forks == 0
 
 
 def test_steps_with_equal_blame_are_ranked_by_how_often_re_drawing_them_alone_clears_it() -> None:
-    from car_ray.schedule._plan import _rank
+    from car_ray.schedule._table import _rank
 
     def row(step: int, phi: float, necessity: float) -> dict[str, Any]:
         return {"intervention": "resample", "step": step, "phi": phi, "flip_rate": necessity}

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import car_ray.schedule._plan as plan
+import car_ray.schedule._costs as costs
 from car_ray.job import Job
 from car_ray.schedule import Budget
 from car_ray.tape import Tape
@@ -36,11 +36,11 @@ def test_a_fork_cut_at_a_learned_reservation_runs_again_at_the_worst_case(
     # One fork in flight: each is reserved after the ones before it settled.
     provider = support_job.spec.provider.model_copy(update={"concurrency": 1})
     support_job = Job(support_job.path, support_job.spec.model_copy(update={"provider": provider}))
-    monkeypatch.setattr(plan, "LEARN_AFTER", 10**9)
+    monkeypatch.setattr(costs, "LEARN_AFTER", 10**9)
     worst, _, worst_ledger = _attribute(support_job, support_tape, budget)
     # Learn from the first settled fork of a shape: later forks of it that make more live
     # calls are cut at their reservation.
-    monkeypatch.setattr(plan, "LEARN_AFTER", 1)
+    monkeypatch.setattr(costs, "LEARN_AFTER", 1)
     learned, rows, ledger = _attribute(support_job, support_tape, budget)
 
     cut = [r for r in rows if r["task_id"].endswith("/cut")]

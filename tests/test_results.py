@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 from structlog.testing import capture_logs
 
+from car_ray._notes import Note
 from car_ray.replay import ForkRow, ForkSpec, Resample
 from car_ray.results import (
     ATTRIBUTION_SCHEMA,
@@ -332,12 +333,14 @@ def test_an_attribution_row_with_a_bad_kind_names_the_field(tmp_path: Path) -> N
 
 def test_job_json_round_trips(tmp_path: Path) -> None:
     assert JobInfo.read(tmp_path, JOB) is None
-    info = JobInfo(job_id=JOB, status="running", notes=["étape ✓"], wall_s=0.25)
+    note = Note(kind="screen", text="étape ✓", figures={"forks": 3})
+    info = JobInfo(job_id=JOB, status="running", notes=[note], wall_s=0.25)
     path = info.write(tmp_path)
     assert JobInfo.read(tmp_path, JOB) == info
-    data = {"version": 1, "job_id": JOB, "status": "running", "notes": ["étape ✓"], "wall_s": 0.25}
+    written = {"kind": "screen", "severity": "info", "text": "étape ✓", "figures": {"forks": 3}}
+    data = {"version": 2, "job_id": JOB, "status": "running", "notes": [written], "wall_s": 0.25}
     assert json.loads(Path(path).read_text("utf-8")) == data  # only the keys that were set
-    assert Path(path).read_text("utf-8").startswith('{\n  "version": 1')  # pretty, for people
+    assert Path(path).read_text("utf-8").startswith('{\n  "version": 2')  # pretty, for people
 
     info.status = "done"
     info.write(tmp_path)

@@ -21,6 +21,7 @@ from car_ray.replay import ForkRow, Int32
 from car_ray.results import (
     ATTRIBUTION_SCHEMA,
     FORK_SCHEMA,
+    JOB_JSON_VERSION,
     ForkRecord,
     ForkSink,
     JobInfo,
@@ -216,8 +217,9 @@ def test_car_ray_show_reads_a_job_an_older_car_ray_wrote(old_output: Path) -> No
 def test_a_job_json_from_a_newer_car_ray_is_refused_naming_the_file(old_output: Path) -> None:
     path = old_output / JOB / "job.json"
     data: dict[str, Any] = json.loads(path.read_text("utf-8"))
-    path.write_text(json.dumps({"version": 2, **data}), "utf-8")
-    with pytest.raises(JobJsonError, match=r"job\.json version 2, written by a newer car-ray"):
+    newer = JOB_JSON_VERSION + 1
+    path.write_text(json.dumps({**data, "version": newer}), "utf-8")
+    with pytest.raises(JobJsonError, match=rf"job\.json version {newer}, written by a newer"):
         JobInfo.read(old_output, JOB)
     shown = CliRunner().invoke(app, ["show", str(old_output / JOB)], env={"COLUMNS": "300"})
     assert shown.exit_code != 0

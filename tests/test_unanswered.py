@@ -159,32 +159,23 @@ def test_a_screen_that_stopped_on_stray_forks_clears_no_step_it_did_not_draw() -
     ends with no answer: its steps were re-drawn too few times to clear."""
     from types import SimpleNamespace
 
-    from car_ray.replay import Resample
-    from car_ray.schedule._mechanism import DeviationScreen
-    from car_ray.schedule._plan import Arm
-    from car_ray.schedule._stages import held_answer
+    from car_ray.schedule import DeviationScreen, Results
+    from car_ray.schedule._table import held_answer
+    from car_ray.schedule.stages._screening import screen_result
 
     screen = DeviationScreen([0, 1, 2, 3], clean_needed=20)
     screen.observe([0, 1, 2, 3], None)
     for _ in range(3):
         screen.observe([2, 3], 0)
-    job = SimpleNamespace(
-        arms=[Arm("resample", k, Resample()) for k in range(4)],
-        screen=screen,
-        seed_shapley=None,
-        verdict=("separated", []),
-        lacking=None,
-        governor=SimpleNamespace(
-            spent=SimpleNamespace(forks=4),
-            carried=SimpleNamespace(forks=0),
-            go_on=lambda more: (f"--max-forks {4 + more}", ""),
-        ),
+    ctx = SimpleNamespace(
+        resampled=[0, 1, 2, 3], go_on=lambda more: (f"--max-forks {4 + more}", "")
     )
-    answer = held_answer(job, "complete")  # type: ignore[arg-type]
+    results = Results(screened=screen_result(screen, ("separated", ())))
+    answer = held_answer(ctx, results, "complete", 4)  # type: ignore[arg-type]
     assert answer.kind == "unanswered" and answer.cleared == []
     assert answer.unexamined == [0, 1, 2, 3] and answer.more_forks == 19
-    line = verdict([_row(k, phi=0.0, phi_lo=-0.95, phi_hi=0.95) for k in range(4)], None,
-                   "complete", [], answer)  # fmt: skip
+    rows = [_row(k, phi=0.0, phi_lo=-0.95, phi_hi=0.95) for k in range(4)]
+    line = verdict(rows, None, "complete", [], answer)
     assert line.startswith("verdict: not answered: its forks ended with steps 0-3 re-drawn"), line
 
 

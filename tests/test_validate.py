@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from car_ray._notes import Note
 from car_ray.job import load_job
 from car_ray.sim import SimServer
 from car_ray.truth import Truth, solve
@@ -65,7 +66,13 @@ def test_a_right_table_passes_and_a_wrong_top_fails(truth: Truth) -> None:
     assert score("research", truth, both, [], 80, "complete", 8).top_ok
     # A failed negative control fails the scenario whatever the table says.
     control = score(
-        "research", truth, _table(truth, first=6), ["NEGATIVE CONTROL FAILED: x"], 80, "x", 8
+        "research",
+        truth,
+        _table(truth, first=6),
+        [Note(kind="control_failed", text="x")],
+        80,
+        "x",
+        8,
     )
     assert not control.passed
     # Intervals that miss the exact values are counted as misses, by name.

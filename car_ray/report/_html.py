@@ -112,7 +112,7 @@ def _header(tape: Tape, job: JobInfo, attribution: Sequence[Row]) -> str:
     spend = {"wall_s": job.wall_s, **(job.ledger.spent.model_dump() if job.ledger else {})}
     budget = job.budget.model_dump() if job.budget else {}
     facts += [(name, esc(shown)) for name, shown in budget_facts(spend, budget)]
-    notes = [*tape.notes, *job.notes]
+    notes = [*tape.notes, *(n.text for n in job.notes)]
     notes_html = "".join(f'<p class="note">{esc(note)}</p>' for note in notes)
     result = _seal_result(tape)
     # The same line the command line ends with, from the rows and the tape.

@@ -13,12 +13,21 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+)
 
 from .._answer import Answer
+from .._notes import Note
 from ._output import JobDir
 
-JOB_JSON_VERSION = 1
+# 2: notes are objects (`Note`: kind, severity, text, figures), and `answer` is kept.
+JOB_JSON_VERSION = 2
 
 
 class _Record(BaseModel):
@@ -145,7 +154,7 @@ class JobInfo(_Record):
     ledger: Ledger | None = None
     progress: ProgressInfo | None = None
     shapley_candidates: list[int] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
+    notes: list[Note] = Field(default_factory=list)
     finished: str | float | None = None  # as `started`
     wall_s: float | None = None
     lost_forks: int = 0
@@ -159,6 +168,20 @@ class JobInfo(_Record):
     top_cause: dict[str, Any] | None = None
     # What the forks let the job claim (`Answer`); absent in files written before it.
     answer: Answer | None = None
+
+    @field_validator("notes", mode="before")
+    @classmethod
+    def _text_notes(cls, value: Any) -> Any:
+        """A version 1 file's notes are lines of text (`Note.legacy`)."""
+        if isinstance(value, list):
+            return [Note.legacy(n) if isinstance(n, str) else n for n in value]
+        return value
+
+    @field_serializer("notes")
+    def _notes_as_read(self, notes: list[Note]) -> list[Any]:
+        """Each note as an object, but one read as a line of text, which is written back
+        as it was (a file read and written again keeps its values)."""
+        return [n.text if n.kind == "note" else n.model_dump(mode="json") for n in notes]
 
     def to_json(self) -> str:
         """The file's text: the keys set so far (and `version`, first), pretty, no NaN."""
@@ -206,6 +229,8 @@ class JobInfo(_Record):
                 f"reads up to version {JOB_JSON_VERSION}. Upgrade car-ray to read or resume "
                 "this job"
             )
+        if "version" not in value:  # written before the key existed
+            value = {**value, "version": 1}
         try:
             return cls.model_validate(value)
         except ValidationError as exc:

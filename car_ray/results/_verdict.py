@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .._answer import RAN, Answer, legacy_answer, steps_text
+from .._notes import Note
 from ..tape import LlmEvent, Tape, ToolEvent
 
 Row = Mapping[str, Any]
@@ -150,17 +151,19 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
     return None
 
 
-def answer_of(answer: Answer | None, status: str | None, notes: Iterable[str]) -> Answer | None:
+def answer_of(
+    answer: Answer | None, status: str | None, notes: Iterable[Note] = ()
+) -> Answer | None:
     """The job's `Answer`: as the job kept it, or, for a job.json written before answers were
     kept, what its status and notes say (`legacy_answer`)."""
-    return answer if answer is not None else legacy_answer(status, list(notes))
+    return answer if answer is not None else legacy_answer(status, [n.text for n in notes])
 
 
 def verdict(
     rows: Sequence[Row],
     tape: Tape | None = None,
     status: str | None = None,
-    notes: Iterable[str] = (),
+    notes: Iterable[Note] = (),
     answer: Answer | None = None,
 ) -> str:
     """One line: the step(s) to fix, what happened there, the effect with its interval and

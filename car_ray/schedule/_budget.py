@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._tuning import DEFAULT_FORKS_PER_STEP
+
 NANO_PER_USD = 1_000_000_000
 
 CapName = Literal["max_forks", "max_usd", "max_tokens", "max_wall_s"]
@@ -379,3 +381,23 @@ class BudgetGovernor:
 
 def _fmt(dim: int, value: int) -> str:
     return f"${value / NANO_PER_USD:.9g}" if dim == 1 else str(value)
+
+
+# A job that sets no cap at all runs under this many forks when its tape is not known.
+DEFAULT_MAX_FORKS = 2000
+
+
+def effective_budget(budget: Budget, steps: int | None = None) -> Budget:
+    """The caps a job runs under: a job that sets none gets DEFAULT_FORKS_PER_STEP forks a
+    step of its tape (DEFAULT_MAX_FORKS when the tape is not known): a job never runs
+    unbounded."""
+    if all(v is None for v in (budget.max_forks, budget.max_usd, budget.max_tokens)):
+        return Budget(
+            max_forks=DEFAULT_MAX_FORKS
+            if steps is None
+            else min(DEFAULT_MAX_FORKS, DEFAULT_FORKS_PER_STEP * max(1, steps)),
+            max_usd=budget.max_usd,
+            max_tokens=budget.max_tokens,
+            max_wall_s=budget.max_wall_s,
+        )
+    return budget

@@ -27,14 +27,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from .._notes import Note
 from ..execute import BatchLost, Executor, Item, Row, RowSink
 from ..replay import ForkSpec
 from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
+from ._tuning import PROVIDER_ATTEMPTS, WAIT_S
 
 log = structlog.get_logger("car_ray.schedule")
 
-PROVIDER_ATTEMPTS = 4  # runs of a fork whose provider keeps failing before it is given up
-WAIT_S = 0.25  # the longest the loop waits for a batch before it asks the jobs again
 
 # A policy's verdict on one fork: its job id, its ledger key in that job, its reservation.
 Gate = Callable[[str, Cost], bool]
@@ -123,7 +123,7 @@ class JobSource(Protocol):
     job_id: str
     governor: BudgetGovernor
     sink: RowSink
-    notes: list[str]
+    notes: list[Note]
     attempts: dict[str, int]
     rows_by_task: dict[str, dict[str, Any]]
     provider_failed: Counter[str]
@@ -417,7 +417,7 @@ class RunLoop:
             source.governor.settle(ledger_key, cost)
         except ReservationExceeded as exc:
             # The ledger has the true spend; say so rather than stop the job.
-            source.notes.append(f"OVERSPENT: {exc}")
+            source.notes.append(Note(kind="overspent", severity="error", text=f"OVERSPENT: {exc}"))
             log.warning("reservation_exceeded", task=row["task_id"], error=str(exc))
         if row["status"] == "budget_cut" and source.learned(ledger_key):
             # The learned reservation was too small for this one: keep its row (it was
@@ -433,8 +433,12 @@ class RunLoop:
                 source.attempts[spec.task_id] = row["attempt"] + 1
                 source.given_up += 1
                 source.notes.append(
-                    f"gave up a fork after {PROVIDER_ATTEMPTS} provider failures "
-                    f"(last: {row['error']})"
+                    Note(
+                        kind="gave_up",
+                        severity="warning",
+                        text=f"gave up a fork after {PROVIDER_ATTEMPTS} provider failures "
+                        f"(last: {row['error']})",
+                    )
                 )
                 source.unrun(spec)
                 return

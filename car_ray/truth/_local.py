@@ -9,14 +9,24 @@ from typing import Any
 from ..execute import Executor, LocalExecutor, MemorySink, RowSink
 from ..job import Job
 from ..providers import PriceTable
-from ..schedule import Budget, Cost, JobOutcome, Scheduler, job_id_of
+from ..schedule import (
+    SHIPPED_RULES,
+    Budget,
+    Cost,
+    JobOutcome,
+    Scheduler,
+    ShapleyRules,
+    job_id_of,
+)
 from ..tape import Tape
 from ._solver import sim_runner
 
 
-def run_local(job: Job, tape: Tape, budget: Budget) -> tuple[JobOutcome, list[dict[str, Any]]]:
+def run_local(
+    job: Job, tape: Tape, budget: Budget, rules: ShapleyRules = SHIPPED_RULES
+) -> tuple[JobOutcome, list[dict[str, Any]]]:
     """Run `job` on `tape` under `budget` in this process: its outcome and every fork row."""
-    outcome, rows, _ = run_local_scheduler(job, tape, budget)
+    outcome, rows, _ = run_local_scheduler(job, tape, budget, rules=rules)
     return outcome, rows
 
 
@@ -25,16 +35,17 @@ def run_local_scheduler(
     tape: Tape,
     budget: Budget,
     already: list[dict[str, Any]] | None = None,
-    candidates: list[int] | None = None,
+    rules: ShapleyRules = SHIPPED_RULES,
 ) -> tuple[JobOutcome, list[dict[str, Any]], Scheduler]:
-    """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`). With
-    `already` (the rows of an earlier run of the job, and its Shapley `candidates`), the run
-    goes on from them as a rerun of `car-ray attribute` does: their cost counts against the
-    caps, and the rows returned are the new ones."""
+    """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`; what its
+    stages handed back: `scheduler.results`). With `already` (the rows of an earlier run of
+    the job), the run goes on from them as a rerun of `car-ray attribute` does: their cost
+    counts against the caps, and the rows returned are the new ones. `rules`: the Shapley
+    stage's (a benchmark compares rules by passing them)."""
     executor = LocalExecutor(sim_runner(job, tape))
     sink = MemorySink()
     try:
-        scheduler = local_scheduler(job, tape, budget, executor, sink, already, candidates)
+        scheduler = local_scheduler(job, tape, budget, executor, sink, already, rules)
         outcome = scheduler.run()
     finally:
         executor.shutdown()
@@ -48,7 +59,7 @@ def local_scheduler(
     executor: Executor,
     sink: RowSink,
     already: list[dict[str, Any]] | None = None,
-    candidates: list[int] | None = None,
+    rules: ShapleyRules = SHIPPED_RULES,
 ) -> Scheduler:
     """The scheduler of `job` on `tape` over `executor` into `sink`, at the default prices:
     `run_local`'s, or one of many jobs in one `RunLoop`; going on from `already`, if given."""
@@ -67,5 +78,5 @@ def local_scheduler(
             sum(r["cost_usd"] for r in rows),
             sum(r["tokens_in"] + r["tokens_out"] for r in rows),
         ),
-        candidates=candidates,
+        rules=rules,
     )

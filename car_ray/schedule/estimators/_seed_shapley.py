@@ -1,5 +1,5 @@
-"""The held-mechanism attribution: find the steps that make choices, then Shapley blame over
-them with common random numbers, one seed at a time.
+"""The seed-wise Shapley of the held game: Shapley blame over the steps the screen found, with
+common random numbers, one seed at a time.
 
 The game is v(S) = P(the outcome flips | the steps in S are re-drawn fresh, every other step
 keeps its mechanism: its recorded answer while its request is unchanged, else an answer drawn
@@ -23,7 +23,6 @@ with the recorded draw's randomness). Two facts make it cheap:
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -32,120 +31,22 @@ from itertools import combinations, permutations
 from typing import Literal
 
 import numpy as np
-from scipy.special import betaln
-from scipy.stats import beta, norm, t
 
-from ._estimators import exact_shapley, wilson
-
-# Candidates up to which a seed evaluates every coalition. With one seed shared by a seed's
-# coalitions, f(S) and f(S + k) mostly agree, so 2^m - 1 forks buy little more than the m of a
-# permutation chain: chains from two candidates on (measured on support_refund at 10 forks a
-# step: 15 seeds of 3 forks against 23 of 2).
-EXACT_UP_TO = 1
-BALANCED_UP_TO = 4  # candidates: up to this, chains cycle through every permutation
-MIN_SEEDS = 4
-# The sign test's prior on the top's share of wins over a rival: half Beta(a, 1), half
-# Beta(1, a) (`_signs_agree`).
-SIGN_PRIOR = 12.0
-
-
-@dataclass
-class DeviationScreen:
-    """Which steps ever draw something other than their recorded action (held tail).
-
-    Each fork re-draws `block()`: every step not yet cleared and not yet seen to deviate. The
-    fork's first deviation d (the first step where it left the tape) marks d as a choice-maker;
-    every re-drawn step before d drew its recorded action once more (one clean observation).
-    A step is cleared after `clean_needed` clean observations: a step that leaves the tape with
-    probability q survives that with probability (1 - q)^clean_needed."""
-
-    steps: list[int]
-    clean_needed: int
-    clean: dict[int, int] = field(default_factory=dict)
-    hits: dict[int, int] = field(default_factory=dict)
-    forks: int = 0
-    # Forks that left the tape first at a step they did not re-draw: nothing the screen
-    # chose explains them (nondeterminism outside the seams); after a few it gives up.
-    strays: int = 0
-    # Draws of other stages' forks that probed steps (`probed`), by (fork seed, step): a
-    # fork seed fixes a step's fresh draw, so a draw seen twice is one observation.
-    probes: set[tuple[int, int]] = field(default_factory=set)
-    probe_forks: int = 0
-
-    def block(self) -> list[int]:
-        return [
-            k for k in self.steps if k not in self.hits and self.clean.get(k, 0) < self.clean_needed
-        ]
-
-    def done(self) -> bool:
-        return not self.block() or self.strays >= 3
-
-    def observe(self, block: Sequence[int], first_deviation: int | None) -> None:
-        self.forks += 1
-        for k in block:
-            if first_deviation is not None and k >= first_deviation:
-                break
-            self.clean[k] = self.clean.get(k, 0) + 1
-        if first_deviation is not None and first_deviation in block:
-            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
-        elif first_deviation is not None and first_deviation < min(block, default=0):
-            self.strays += 1
-
-    def probed(self, seed: int, steps: Sequence[int], first_deviation: int | None) -> None:
-        """Another stage's fork (fork seed `seed`) probed `steps` (`replay.Probe`): each probed
-        step before its first deviation drew its recorded action at its recorded request, as
-        a screen fork's re-drawn steps do, unless a fork of the same seed showed that draw
-        already; a probed step that is its first deviation is found. A first deviation at a
-        step it did not probe is that fork's own business (it re-drew that step)."""
-        self.probe_forks += 1
-        for k in sorted(steps):
-            if first_deviation is not None and k >= first_deviation:
-                break
-            if (seed, k) not in self.probes:
-                self.probes.add((seed, k))
-                self.clean[k] = self.clean.get(k, 0) + 1
-        if first_deviation is not None and first_deviation in steps:
-            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
-
-    @property
-    def candidates(self) -> list[int]:
-        return sorted(self.hits)
-
-    def deviation_bound(self, k: int, alpha: float) -> float:
-        """An upper bound on how often step k leaves the tape, from its clean observations
-        (0 of n: the exact binomial bound 1 - alpha^(1/n))."""
-        return self.bound_after(self.clean.get(k, 0), alpha)
-
-    @staticmethod
-    def bound_after(n: int, alpha: float) -> float:
-        """The deviation bound after n clean observations and none that left the tape."""
-        return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
-
-    @staticmethod
-    def clean_for(bound: float, alpha: float) -> int:
-        """The fewest clean observations whose `deviation_bound` is below `bound`."""
-        if bound >= 1.0:
-            return 1
-        if bound <= 0.0:
-            raise ValueError(f"no number of clean observations bounds a deviation by {bound}")
-        # A bound below the float resolution (a top's phi_lo of 3e-17) has log(1 - b) == 0:
-        # log1p keeps it, and the count is as large as it must be (callers cap it).
-        step = math.log(1.0 - bound) or math.log1p(-bound)
-        return math.floor(math.log(alpha) / step) + 1
-
-
-@dataclass(frozen=True)
-class Interval:
-    value: float | None
-    low: float | None
-    high: float | None
-    n: int
-
-    @property
-    def half_width(self) -> float:
-        if self.low is None or self.high is None:
-            return math.inf
-        return (self.high - self.low) / 2
+from .._interval import Interval, exact_lower, proportion
+from .._tuning import BALANCED_UP_TO, EXACT_UP_TO, MIN_SEEDS
+from ..rules import (
+    Failing,
+    Look,
+    SignAndT,
+    StopRule,
+    clean_to_clear,
+    mean_interval,
+    mean_lower,
+    seeds_needed,
+    signs_after,
+    split,
+)
+from ._exact import exact_shapley
 
 
 @dataclass
@@ -174,6 +75,10 @@ class SeedShapley:
     # candidates): each tells the chain coalitions that run the same fork (`_acting`).
     extra: dict[int, dict[frozenset[int], float]] = field(default_factory=dict)
     _inferred: dict[int, set[frozenset[int]]] = field(default_factory=dict)
+    # The stopping rule its verdict asks (`rules.StopRule`), and the seeds the job's caps are
+    # projected to buy (set by the Shapley stage before each look; None without a cap).
+    rule: StopRule = field(default_factory=SignAndT)
+    horizon: float | None = None
 
     @property
     def exact(self) -> bool:
@@ -322,8 +227,8 @@ class SeedShapley:
         for j, k in enumerate(self.candidates):
             out[k] = (
                 self._phi_interval(phi[:, j]),
-                _proportion(nec[:, j], self.alpha, n),
-                _proportion(suf[:, j], self.alpha, n),
+                proportion(nec[:, j], self.alpha, n),
+                proportion(suf[:, j], self.alpha, n),
             )
         return out
 
@@ -333,7 +238,7 @@ class SeedShapley:
         interval is wider at a rate away from 1/2, and a separated top then needs more
         screening to clear the other steps). Otherwise the mean with a t interval."""
         if len(self.candidates) == 1:
-            return _proportion(values, self.alpha, int(values.size))
+            return proportion(values, self.alpha, int(values.size))
         return mean_interval(values, self.alpha, low=-1.0, high=1.0)
 
     def _phi_lower(self, values: np.ndarray, levels: np.ndarray) -> np.ndarray:
@@ -381,16 +286,6 @@ class SeedShapley:
         # Wilson's margin (a handful of like seeds is not a share known exactly), 1 below two.
         return -float(mean_lower(-share, np.array([level]), low=-1.0)[0])
 
-    def _split(self, phi: np.ndarray) -> tuple[int, list[int], list[int], float]:
-        """The leader by mean phi, the top (it and every candidate the paired test cannot
-        tell from it), the rest (as indices of `candidates`), and the level of each pair's
-        test: alpha / (m - 1), Bonferroni over the leader's m - 1 rivals."""
-        m = len(self.candidates)
-        lead = int(np.argmax(phi.mean(axis=0)))
-        pair_alpha = self.alpha / max(1, m - 1)
-        top = [j for j in range(m) if j == lead or not _apart(phi[:, lead] - phi[:, j], pair_alpha)]
-        return lead, top, [j for j in range(m) if j not in top], pair_alpha
-
     def seeds_to_verdict(self) -> float:
         """How many more seeds `verdict`'s tests would need if the seeds to come were like
         those so far (each test's mean and spread held; the normal approximation of its t
@@ -407,9 +302,9 @@ class SeedShapley:
         if len(self.candidates) == 1:
             # Wilson's lower end is above 0 from the first flip on.
             return 0.0 if phi[:, 0].sum() > 0 else math.inf
-        _, top, rest, pair_alpha = self._split(phi)
-        needed = [_seeds_needed(phi[:, j], self.alpha) for j in top]
-        needed += [_seeds_needed(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest]
+        _, top, rest, pair_alpha = split(phi, self.alpha)
+        needed = [seeds_needed(phi[:, j], self.alpha) for j in top]
+        needed += [seeds_needed(phi[:, i] - phi[:, j], pair_alpha) for i in top for j in rest]
         return max(0.0, max(needed) - n)
 
     def lacks(self) -> tuple[list[str], float, list[int]]:
@@ -443,7 +338,7 @@ class SeedShapley:
             elif test == "signs":
                 diff = phi[:, i] - phi[:, j]
                 wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
-                more = max(more, _signs_after(wins, losses, n, pair_alpha))
+                more = max(more, signs_after(wins, losses, n, pair_alpha))
                 reasons.append(
                     f"step {m[i]} came out ahead of step {m[j]} in {wins} seed(s) and behind "
                     f"in {losses}: not yet enough for the sign test at {level}, valid at every "
@@ -455,22 +350,13 @@ class SeedShapley:
             more = max(more, 1.0)
         return reasons, more, [m[j] for j in top]
 
-    def _failing(self, phi: np.ndarray) -> tuple[int, list[int], float, list[tuple[str, int, int]]]:
-        """The leader, the top and its pairs' level (`_split`), and the tests of separation
-        that fail, each (test, i, j) over indices of `candidates`: ("zero", i, i) a step of
-        the top whose phi interval reaches 0; ("signs", i, j) a pair of the top's i and a
-        rival j whose sign test has not passed; ("apart", i, j) one whose sign test passed
-        and t interval has not. The top is separated when none fails (`verdict`)."""
-        lead, top, rest, pair_alpha = self._split(phi)
-        failing = [("zero", j, j) for j in top if (self._phi_interval(phi[:, j]).low or 0.0) <= 0]
-        for i in top:
-            for j in rest:
-                diff = phi[:, i] - phi[:, j]
-                if not _signs_agree(diff, pair_alpha):
-                    failing.append(("signs", i, j))
-                elif not _apart(diff, pair_alpha):
-                    failing.append(("apart", i, j))
-        return lead, top, pair_alpha, failing
+    def _failing(self, phi: np.ndarray) -> tuple[int, list[int], float, list[Failing]]:
+        """The leader, the top, its pairs' level and the tests of separation that fail, as
+        the stopping rule reads the seeds (`rules.StopRule`). The top is separated when none
+        fails (`verdict`)."""
+        look = Look(self.alpha, self.horizon, lambda col: self._phi_interval(col).low or 0.0)
+        judged = self.rule.judge(phi, look)
+        return judged.lead, judged.top, judged.pair_alpha, judged.failing
 
     def verdict(self, target_half_width: float) -> tuple[str, list[int]] | None:
         """('separated', top) when the top step(s) are apart from every other step,
@@ -497,213 +383,6 @@ class SeedShapley:
             # top whose interval reaches 0 may have no blame at all.
             return "precise", [m[j] for j in top if (own[j].low or 0.0) > 0]
         return None
-
-
-def mean_interval(
-    values: np.ndarray, alpha: float, *, low: float, high: float, scale: float = 1.0
-) -> Interval:
-    """The mean of independent draws bounded in [low, high] with a t interval, never narrower
-    than the Wilson margin scale * z^2 / (n + z^2), so that n identical draws never give a
-    zero-width interval: for 0/1 draws (scale 1) that is the distance Wilson's interval keeps
-    from an observed 0 or 1. (A floor, not a margin added in quadrature: the t interval is
-    honest once the draws vary, and the added margin cost about a third more seeds.)"""
-    x = values[~np.isnan(values)]
-    n = int(x.size)
-    if n == 0:
-        return Interval(None, None, None, 0)
-    mean = float(x.mean())
-    if n < 2:
-        return Interval(mean, low, high, n)
-    z = float(norm.ppf(1 - alpha / 2))
-    spread = float(t.ppf(1 - alpha / 2, n - 1)) * float(x.std(ddof=1)) / math.sqrt(n)
-    floor = scale * z * z / (n + z * z)
-    half = max(spread, floor)
-    return Interval(mean, max(low, mean - half), min(high, mean + half), n)
-
-
-def exact_lower(successes: float, n: int, levels: np.ndarray) -> np.ndarray:
-    """The Clopper-Pearson one-sided lower bound on a Bernoulli mean at each of `levels`
-    (P(mean < bound) <= level, exactly: the bound is where P(as many successes or more) =
-    level), for any level in (0, 1)."""
-    if successes <= 0 or n == 0:
-        return np.zeros_like(levels, dtype=np.float64)
-    return np.asarray(beta.ppf(levels, successes, n - successes + 1), dtype=np.float64)
-
-
-def mean_lower(x: np.ndarray, levels: np.ndarray, *, low: float) -> np.ndarray:
-    """`mean_interval`'s lower end as a one-sided bound at each of `levels`: the t bound,
-    never closer to the mean than the Wilson margin where it lies below it (level < 1/2)."""
-    n = int(x.size)
-    if n < 2:
-        return np.full_like(levels, low, dtype=np.float64)
-    mean = float(x.mean())
-    spread = np.asarray(t.isf(levels, n - 1), dtype=np.float64) * float(x.std(ddof=1))
-    spread /= math.sqrt(n)
-    z = np.asarray(norm.isf(levels), dtype=np.float64)
-    spread = np.where(levels < 0.5, np.maximum(spread, z * z / (n + z * z)), spread)
-    return np.maximum(low, mean - spread)
-
-
-# Levels of the top's p-value at which `clean_to_clear` evaluates its bound: from the
-# product's threshold up by this ratio. Between two levels the bound takes the worse end of
-# each factor, so a finer grid only makes it a little less cautious.
-CLEAR_GRID_RATIO = 1.15
-
-
-def product_threshold(alpha: float) -> float:
-    """The c at which two independent p-values have a product below c with probability at
-    most alpha: P(U1 * U2 <= c) = c (1 - ln c) for independent uniforms (less for p-values
-    that are super-uniform)."""
-    low, high = 0.0, alpha
-    for _ in range(60):
-        mid = (low + high) / 2
-        if mid * (1 - math.log(mid)) <= alpha:
-            low = mid
-        else:
-            high = mid
-    return low
-
-
-def clean_to_clear(
-    lower: Callable[[np.ndarray], np.ndarray], alpha: float, reach: float = 1.0
-) -> float:
-    """How many clean draws (and no deviation) of a step the screen has not found show, at
-    level `alpha`, that its phi is below a top candidate's; `lower(level)` is the top's
-    one-sided lower bound at `level`. inf if the top is not shown above 0 at the threshold.
-
-    A step not found leaves the tape at its recorded request with some probability q, and
-    |phi| <= q. Its draws and the top's seeds are independent, so two p-values test q >=
-    phi_top together: (1 - x)^L for its run L of clean draws, and the top's p(x), at most
-    `level` for x at most lower(level). Their product is below c = `product_threshold(alpha)`
-    with probability at most alpha whatever x; the step is shown below the top when (1 -
-    x)^n * p(x) <= c for every x, with n <= L its clean draws so far. That holds however n
-    came about (the screen draws as many as the top's seeds ask for), and takes about half
-    the draws of a bound on q below the top's own lower bound at the same alpha (6 flips in
-    30 seeds at 5%: 24 draws against 46). Over levels g_0 = c < g_1 < ... the product on
-    [lower(g_i), lower(g_i+1)] is at most g_i+1 * (1 - lower(g_i))^n. A step whose |phi| is
-    at most `reach` times its deviation rate (`SeedShapley.reach`) is below the top when
-    that rate is below phi_top / reach: (1 - x / reach)^n for the first factor."""
-    c, levels = _clear_levels(alpha)
-    lows = lower(levels)
-    if lows[0] <= 0.0:
-        return math.inf
-    bounds = lows / reach
-    # Level i holds on [lower(g_i), lower(g_i+1)] with a p-value at most g_i+1.
-    above = np.append(levels[1:], 1.0)
-    keep = bounds < 1.0
-    if not keep.any():
-        return 1.0
-    # above * (1 - bound)^n <= c
-    need = np.ceil(np.log(c / above[keep]) / np.log1p(-bounds[keep]))
-    return max(1.0, float(need.max()))
-
-
-@functools.cache
-def _clear_levels(alpha: float) -> tuple[float, np.ndarray]:
-    """`clean_to_clear`'s threshold c for `alpha` and its levels: c, c * CLEAR_GRID_RATIO,
-    ... up to 0.99."""
-    c = product_threshold(alpha)
-    levels = [c]
-    while levels[-1] < 0.99:
-        levels.append(min(0.99, levels[-1] * CLEAR_GRID_RATIO))
-    grid = np.array(levels)
-    grid.setflags(write=False)  # shared by every call
-    return c, grid
-
-
-def _apart(diff: np.ndarray, alpha: float) -> bool:
-    """Whether paired differences are shown above 0 (`mean_interval`'s lower end at alpha)."""
-    d = mean_interval(diff, alpha, low=-2.0, high=2.0)
-    return d.low is not None and d.low > 0
-
-
-def _seeds_needed(values: np.ndarray, alpha: float) -> float:
-    """The seeds at which `mean_interval`'s lower end (at alpha, scale 1) would pass 0 if the
-    mean and spread of `values` held: past both the spread (z sd / mean)^2 and the Wilson
-    floor z^2 (1 / mean - 1). inf when the mean is not above 0."""
-    mean = float(values.mean())
-    if mean <= 0:
-        return math.inf
-    z = float(norm.isf(alpha / 2))
-    sd = float(values.std(ddof=1)) if values.size > 1 else 0.0
-    return max((z * sd / mean) ** 2, z * z * (1.0 / mean - 1.0))
-
-
-def _signs_agree(diff: np.ndarray, alpha: float) -> bool:
-    """The sign test, valid however often it is looked at: that i comes out ahead of j on a
-    seed more often than j ahead of i (p, the share of i's wins among the seeds where they
-    differ, above 1/2). The seeds where i beat j outnumber the others, and a test martingale
-    of a fair coin on the seeds where they differ has reached 1 / alpha: the likelihood
-    ratio of p against 1/2, mixed over p (`SIGN_PRIOR`). By Ville's inequality it ever
-    reaches 1 / alpha with probability at most alpha at p = 1/2, whatever the prior, in
-    either direction (the data choose which step leads); a p below 1/2 only makes a wrong
-    "i beats j" rarer (the test's region grows with the wins at each n).
-
-    The prior is half Beta(a, 1), half Beta(1, a) with a = SIGN_PRIOR: its mass lies where
-    a rival found by the screen usually is, p near 0 or 1 (the rival seldom or never beats
-    the top where they differ), and the test needs fewer wins there than with Jeffreys'
-    Beta(1/2, 1/2) (Krichevsky and Trofimov's mixture, used before): at 95% with two
-    candidates 6 wins and no loss (Jeffreys 7), 10 and one loss (11), 13 and two (14), with
-    three candidates 7 and none (8). It costs wins where the rival often wins too, more the
-    more it does: 19 against 18 at four losses, 28 against 26 at eight, 51 against 47 at
-    twenty (a pair that close takes more seeds than a default job has either way). Default
-    jobs (no cap) that stop on a verdict, attribution seeds 0-39 (the seeds the prior was
-    chosen on: a in 6, 8 and 12, the largest tried; 6 and 8 need the same wins as each
-    other up to four losses and gave 75% on and_conj): jobs/and_conj 36 of 40 against 30,
-    support_refund 31 against 28, research_async 34 against 33; seeds 40-79: 38 against
-    37, 33 against 29, 32 against 31; relay, overdetermined and policy_fix unchanged, every
-    first row as right as before.
-
-    What it does not show is the mean: a tie in phi is a fair coin here only when the
-    pair's per-seed differences are as likely to be above 0 as below it (on a permutation
-    chain, whose differences lie in {-2, ..., 2}: when +2 is as likely as -2, always so in a
-    game where re-drawing one step never undoes another's flip). A tie in mean with skewed
-    differences is guarded by the t interval beside it (`_apart`), a fixed-level test at
-    each look.
-
-    The verdict looks after every seed. A fair coin passes this test within 60 differing
-    seeds with probability 4.4% at 5% (exactly; Jeffreys' 2.9%: its bound was further from
-    tight, which is what the wins above cost). On two steps that each clear the failure
-    with probability 0.2 (an exact tie; 1,000 runs of up to 60 seeds, the verdict looked at
-    after each), a fixed-n sign test (the binomial tail at alpha / 2) erred 8.9% at a
-    stated 5%; this one errs 4.7% (Jeffreys' 2.3%), and 0.9% with three such steps
-    (Jeffreys' 0.4%)."""
-    return _sign_passes(int((diff > 0).sum()), int((diff < 0).sum()), alpha)
-
-
-def _sign_passes(wins: int, losses: int, alpha: float) -> bool:
-    """`_signs_agree` on counts: i ahead of j in `wins` seeds, behind in `losses`."""
-    if wins <= losses:
-        return False
-    a = SIGN_PRIOR
-    ahead = betaln(wins + a, losses + 1.0) - betaln(a, 1.0)
-    behind = betaln(wins + 1.0, losses + a) - betaln(1.0, a)
-    evidence = float(np.logaddexp(ahead, behind)) - math.log(2.0)
-    evidence += (wins + losses) * math.log(2.0)
-    return bool(evidence >= -math.log(alpha))
-
-
-def _signs_after(wins: int, losses: int, n: int, alpha: float) -> float:
-    """The seeds after n at which the sign test (`_sign_passes`) would pass if wins and
-    losses went on at their rates so far (rounded down); 0 if it passes now, inf if it
-    never would that way (no more wins than losses) or not within a hundred times n."""
-    if _sign_passes(wins, losses, alpha):
-        return 0.0
-    if wins <= losses or n == 0:
-        return math.inf
-    for more in range(1, 100 * n + 1):
-        grown = (n + more) / n
-        if _sign_passes(int(wins * grown), int(losses * grown), alpha):
-            return float(more)
-    return math.inf
-
-
-def _proportion(values: np.ndarray, alpha: float, n: int) -> Interval:
-    x = values[~np.isnan(values)]
-    if x.size == 0:
-        return Interval(None, None, None, 0)
-    lo, hi = wilson(float(x.sum()), int(x.size), alpha)
-    return Interval(float(x.mean()), lo, hi, int(x.size))
 
 
 def _antithetic_pairs(m: int) -> list[tuple[int, ...]]:

@@ -1,0 +1,84 @@
+"""What each stage hands back when it ends: a frozen, typed result. The job's table, notes and
+answer are built from these (`_table`), never from a stage's state or a note's text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._notes import Note
+from ._interval import Interval
+
+# (phi, necessity, sufficiency) of a candidate, each with its interval.
+Estimates = Mapping[int, tuple[Interval, Interval, Interval]]
+# A verdict of the held mechanism: ("separated" | "precise", its top steps).
+Verdict = tuple[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """The negative control: whether the fork that changes nothing failed to reproduce the
+    recorded outcome (every fork after it would measure the nondeterminism)."""
+
+    failed: bool
+    notes: tuple[Note, ...] = ()
+
+
+@dataclass(frozen=True)
+class FlipCounts:
+    """Flips and scored forks per arm key of one stage (`arms` or `uniform`); `exact` holds
+    the arms whose one fork is their exact value (a seed-honouring provider, no fresh draw)."""
+
+    stage: str
+    counts: Mapping[str, tuple[int, int]]
+    exact: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ScreenResult:
+    """What the deviation screen saw: the steps it screens, the steps found to leave the tape
+    (`candidates`), each step's clean re-draws, its forks (and the Shapley forks that probed
+    for it), forks that left the tape where nothing was re-drawn (`strays`), the clean draws
+    it had asked for, and its verdict when it found nothing: ("separated", ()) once every
+    step had its SCREEN_CLEAN clean draws (or it gave up on strays)."""
+
+    steps: tuple[int, ...]
+    candidates: tuple[int, ...]
+    clean: Mapping[int, int]
+    forks: int
+    probe_forks: int
+    strays: int
+    clean_needed: int
+    verdict: Verdict | None = None
+
+    def deviation_bound(self, k: int, alpha: float) -> float:
+        """An upper bound on how often step k leaves the tape: 1 - alpha^(1/n) after n clean
+        draws and none that left it."""
+        n = self.clean.get(k, 0)
+        return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
+
+
+@dataclass(frozen=True)
+class ShapleyResult:
+    """The held Shapley that answers (the last one, or the one before it: `ShapleyRules.
+    answering`): its candidates, complete seeds and per-seed phi (one row a seed), its
+    estimates, its verdict (None: the budget ended first), why it did not separate and what
+    would (`unsettled`), the steps not found that lack the clean draws its top needs
+    (`lacking`, for a lead), its notes, and the screen as it stood when it ended."""
+
+    candidates: tuple[int, ...]
+    seeds: tuple[int, ...]
+    per_seed_phi: np.ndarray
+    estimates: Estimates
+    verdict: Verdict | None
+    screen: ScreenResult
+    unsettled: str | None = None
+    lacking: Mapping[int, float] | None = None
+    notes: tuple[Note, ...] = ()
+    figures: Mapping[str, float] = field(default_factory=dict)
+
+
+# What a stage may hand back (none, one, or a Shapley result with its screen's).
+StageResult = ControlResult | FlipCounts | ScreenResult | ShapleyResult

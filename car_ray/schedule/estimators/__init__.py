@@ -1,0 +1,10 @@
+"""The estimators of the held mechanism, one file each: the deviation screen (which steps ever
+leave the tape), the seed-wise Shapley of the held game, and exact Shapley values."""
+
+from __future__ import annotations
+
+from ._deviation_screen import DeviationScreen
+from ._exact import exact_shapley
+from ._seed_shapley import SeedShapley
+
+__all__ = ["DeviationScreen", "SeedShapley", "exact_shapley"]

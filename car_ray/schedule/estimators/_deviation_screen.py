@@ -1,0 +1,92 @@
+"""The deviation screen: which steps ever draw something other than their recorded action."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DeviationScreen:
+    """Which steps ever draw something other than their recorded action (held tail).
+
+    Each fork re-draws `block()`: every step not yet cleared and not yet seen to deviate. The
+    fork's first deviation d (the first step where it left the tape) marks d as a choice-maker;
+    every re-drawn step before d drew its recorded action once more (one clean observation).
+    A step is cleared after `clean_needed` clean observations: a step that leaves the tape with
+    probability q survives that with probability (1 - q)^clean_needed."""
+
+    steps: list[int]
+    clean_needed: int
+    clean: dict[int, int] = field(default_factory=dict)
+    hits: dict[int, int] = field(default_factory=dict)
+    forks: int = 0
+    # Forks that left the tape first at a step they did not re-draw: nothing the screen
+    # chose explains them (nondeterminism outside the seams); after a few it gives up.
+    strays: int = 0
+    # Draws of other stages' forks that probed steps (`probed`), by (fork seed, step): a
+    # fork seed fixes a step's fresh draw, so a draw seen twice is one observation.
+    probes: set[tuple[int, int]] = field(default_factory=set)
+    probe_forks: int = 0
+
+    def block(self) -> list[int]:
+        return [
+            k for k in self.steps if k not in self.hits and self.clean.get(k, 0) < self.clean_needed
+        ]
+
+    def done(self) -> bool:
+        return not self.block() or self.strays >= 3
+
+    def observe(self, block: Sequence[int], first_deviation: int | None) -> None:
+        self.forks += 1
+        for k in block:
+            if first_deviation is not None and k >= first_deviation:
+                break
+            self.clean[k] = self.clean.get(k, 0) + 1
+        if first_deviation is not None and first_deviation in block:
+            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
+        elif first_deviation is not None and first_deviation < min(block, default=0):
+            self.strays += 1
+
+    def probed(self, seed: int, steps: Sequence[int], first_deviation: int | None) -> None:
+        """Another stage's fork (fork seed `seed`) probed `steps` (`replay.Probe`): each probed
+        step before its first deviation drew its recorded action at its recorded request, as
+        a screen fork's re-drawn steps do, unless a fork of the same seed showed that draw
+        already; a probed step that is its first deviation is found. A first deviation at a
+        step it did not probe is that fork's own business (it re-drew that step)."""
+        self.probe_forks += 1
+        for k in sorted(steps):
+            if first_deviation is not None and k >= first_deviation:
+                break
+            if (seed, k) not in self.probes:
+                self.probes.add((seed, k))
+                self.clean[k] = self.clean.get(k, 0) + 1
+        if first_deviation is not None and first_deviation in steps:
+            self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
+
+    @property
+    def candidates(self) -> list[int]:
+        return sorted(self.hits)
+
+    def deviation_bound(self, k: int, alpha: float) -> float:
+        """An upper bound on how often step k leaves the tape, from its clean observations
+        (0 of n: the exact binomial bound 1 - alpha^(1/n))."""
+        return self.bound_after(self.clean.get(k, 0), alpha)
+
+    @staticmethod
+    def bound_after(n: int, alpha: float) -> float:
+        """The deviation bound after n clean observations and none that left the tape."""
+        return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
+
+    @staticmethod
+    def clean_for(bound: float, alpha: float) -> int:
+        """The fewest clean observations whose `deviation_bound` is below `bound`."""
+        if bound >= 1.0:
+            return 1
+        if bound <= 0.0:
+            raise ValueError(f"no number of clean observations bounds a deviation by {bound}")
+        # A bound below the float resolution (a top's phi_lo of 3e-17) has log(1 - b) == 0:
+        # log1p keeps it, and the count is as large as it must be (callers cap it).
+        step = math.log(1.0 - bound) or math.log1p(-bound)
+        return math.floor(math.log(alpha) / step) + 1
