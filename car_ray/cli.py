@@ -138,6 +138,25 @@ def _stderr_logger(*args: Any) -> structlog.PrintLogger:
     return structlog.PrintLogger(sys.stderr)
 
 
+Strict = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="exit 3 when the job did not answer (the budget ended before its top separated, "
+        "or with steps not examined); without it such a job exits 0 and its verdict line "
+        "says so",
+    ),
+]
+
+
+StrictMany = Annotated[
+    bool,
+    typer.Option(
+        "--strict", help="exit 3 when a trace's job ran and did not answer (`Answer.answered`)"
+    ),
+]
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     err.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
     return typer.Exit(code)
@@ -518,15 +537,7 @@ def attribute_cmd(
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="exit 3 when the job did not answer (the budget ended before its top "
-            "separated, or with steps not examined); without it such a job exits 0 and its "
-            "verdict line says so",
-        ),
-    ] = False,
+    strict: Strict = False,
 ) -> None:
     """Find which step caused the bad outcome: forks on Ray, under the budget. A complete
     job is not run again: its results are printed (see --more)."""
@@ -613,13 +624,7 @@ def batch_cmd(
     out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
     address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="exit 3 when a trace's job ran and did not answer (its budget ended first)",
-        ),
-    ] = False,
+    strict: StrictMany = False,
 ) -> None:
     """Attribute many failure traces under one budget, in one shared worker pool; output
     partitioned by trace (<out>/<batch_id>/trace=<id>/), a summary and a batch page."""
@@ -651,13 +656,7 @@ def sweep_cmd(
     out: Annotated[str | None, typer.Option(help="output folder or pyarrow filesystem URI")] = None,
     address: Annotated[str | None, typer.Option(help="join this Ray cluster")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result as JSON")] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="exit 3 when a trace's job ran and did not answer (its budget ended first)",
-        ),
-    ] = False,
+    strict: StrictMany = False,
 ) -> None:
     """Run a grid of settings over one or more tapes under one global cap, in one shared
     pool; output partitioned by cell; a comparison table at the end. The same command on
@@ -771,15 +770,7 @@ def show_cmd(
     target: Annotated[str, typer.Argument(help="a job's output folder, or its job id / name")],
     out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
     as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="exit 3 when the job did not answer (the budget ended before its top "
-            "separated, or with steps not examined); without it such a job exits 0 and its "
-            "verdict line says so",
-        ),
-    ] = False,
+    strict: Strict = False,
 ) -> None:
     """Reprint a past job's table and verdict from its files (nothing runs); exits as the
     job did."""
@@ -989,15 +980,7 @@ def results_cmd(
     address: Address = None,
     out: Annotated[str, typer.Option(help="where to look for a job id")] = "out",
     as_json: Annotated[bool, typer.Option("--json", help="print the job as JSON")] = False,
-    strict: Annotated[
-        bool,
-        typer.Option(
-            "--strict",
-            help="exit 3 when the job did not answer (the budget ended before its top "
-            "separated, or with steps not examined); without it such a job exits 0 and its "
-            "verdict line says so",
-        ),
-    ] = False,
+    strict: Strict = False,
 ) -> None:
     """The ranked table and verdict of a job, local or submitted, from its Parquet and
     job.json (nothing runs); exits as the job did, 1 if it never finished."""

@@ -52,7 +52,7 @@ def test_an_intervention_that_misfits_its_step_is_refused_before_any_fork(
 
 def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
     s = _scheduler(support_tape)
-    fork = s.context.fork
+    fork = s.context.seeds.fork
     screened = [fork("screen", "block", {4: Resample()}, "held") for _ in range(4)]
     # A screen fork counts on from the last: the j-th is always seed j, never a row again.
     assert [f.seed - s.seed_base for f in screened] == [0, 1, 2, 3]
@@ -181,13 +181,13 @@ def test_a_row_the_sink_already_holds_still_reaches_the_estimators_once(
     stages: list[_Given] = []
 
     def plan(ctx: JobContext) -> list[Stage]:
-        specs = [ctx.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
+        specs = [ctx.seeds.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
         stages.append(_Given(ctx, specs))
         return [stages[0]]
 
     s = _scheduler(support_tape, plan=plan)
     s.executor = _OneShotExecutor()
-    specs = [s.context.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
+    specs = [s.context.seeds.fork("screen", "block", {4: Resample()}, "held", j) for j in range(3)]
     # As if another run of the job wrote this fork's row after this one read the output.
     s.sink = _Sink(refuse={specs[1].task_id})
     outcome = s.run()

@@ -208,13 +208,3 @@ class JobContext:
     def resampled(self) -> list[int]:
         """The steps the job re-draws (its resample arms)."""
         return [a.step for a in self.arms if a.kind == "resample"]
-
-    def fork(
-        self,
-        stage: str,
-        key: ArmKey,
-        plan: dict[int, Intervention],
-        tail: Tail,
-        seed: int | None = None,
-    ) -> ForkSpec:
-        return self.seeds.fork(stage, key, plan, tail, seed)

@@ -10,7 +10,7 @@ from ._clearance import clean_to_clear, product_threshold
 from ._separation import Failing, Judgement, Look, SignAndT, StopRule, split
 from ._sign_test import sign_passes, signs_after, signs_agree
 from ._t_interval import apart, mean_interval, mean_lower, seeds_needed
-from ._window import FixedWindow, NarrowingWindow, ShapleyWindow
+from ._window import FixedWindow, NarrowingWindow, ShapleyWindow, WindowLook
 
 __all__ = [
     "Answering",
@@ -22,6 +22,7 @@ __all__ = [
     "ShapleyWindow",
     "SignAndT",
     "StopRule",
+    "WindowLook",
     "apart",
     "clean_to_clear",
     "earlier_if_blameless",

@@ -12,20 +12,23 @@ if TYPE_CHECKING:
     from ..estimators import SeedShapley
 
 
-class ShapleyWindow(Protocol):
-    """Forks of the Shapley stage in flight at once: `coalitions` a seed evaluates, the forks
-    a seed has cost (`per_seed`), the forks the caps leave unspent, those in flight counted
-    (None without a cap), and whether the job runs on for precision (`--more`)."""
+@dataclass(frozen=True)
+class WindowLook:
+    """What a window rule sees: the Shapley so far, the coalitions a seed evaluates, the
+    forks a seed has cost (`per_seed`), the forks the caps leave unspent, those in flight
+    counted (None without a cap), and whether the job runs on for precision (`--more`)."""
 
-    def size(
-        self,
-        shap: SeedShapley,
-        *,
-        coalitions: int,
-        per_seed: float,
-        unspent: float | None,
-        precise_only: bool,
-    ) -> int: ...
+    shap: SeedShapley
+    coalitions: int
+    per_seed: float
+    unspent: float | None
+    precise_only: bool
+
+
+class ShapleyWindow(Protocol):
+    """Forks of the Shapley stage in flight at once."""
+
+    def size(self, look: WindowLook) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -41,24 +44,16 @@ class NarrowingWindow:
     seeds: int = SEEDS_IN_FLIGHT
     of_left: float | None = IN_FLIGHT_OF_LEFT  # None: the caps do not bound the window
 
-    def size(
-        self,
-        shap: SeedShapley,
-        *,
-        coalitions: int,
-        per_seed: float,
-        unspent: float | None,
-        precise_only: bool,
-    ) -> int:
-        most = max(self.seeds * coalitions, 8)
-        if unspent is not None and self.of_left is not None:
-            most = min(most, max(1, math.ceil(unspent * self.of_left)))
-        if precise_only:
+    def size(self, look: WindowLook) -> int:
+        most = max(self.seeds * look.coalitions, 8)
+        if look.unspent is not None and self.of_left is not None:
+            most = min(most, max(1, math.ceil(look.unspent * self.of_left)))
+        if look.precise_only:
             return most
-        seeds = shap.seeds_to_verdict()
+        seeds = look.shap.seeds_to_verdict()
         if seeds == math.inf:
             return most
-        return int(min(most, max(1, math.ceil(seeds * per_seed / 2))))
+        return int(min(most, max(1, math.ceil(seeds * look.per_seed / 2))))
 
 
 @dataclass(frozen=True)
@@ -67,13 +62,5 @@ class FixedWindow:
 
     forks: int
 
-    def size(
-        self,
-        shap: SeedShapley,
-        *,
-        coalitions: int,
-        per_seed: float,
-        unspent: float | None,
-        precise_only: bool,
-    ) -> int:
+    def size(self, look: WindowLook) -> int:
         return self.forks

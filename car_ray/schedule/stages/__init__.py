@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from ._arms import HeldArms
 from ._base import UNSCORED, BaseStage, Fork, Lead, Listed, Next, Stage
+from ._clearance import SHAPLEY_SEEDS, Clearance
 from ._control import CONTROL_HINT, HeldControl
 from ._screen import HeldScreen
-from ._shapley import SHAPLEY_SEEDS, HeldShapley
+from ._shapley import HeldShapley
 from ._uniform import Uniform
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "SHAPLEY_SEEDS",
     "UNSCORED",
     "BaseStage",
+    "Clearance",
     "Fork",
     "HeldArms",
     "HeldControl",

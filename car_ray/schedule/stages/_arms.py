@@ -35,7 +35,7 @@ class HeldArms(Listed):
                 continue
             for j in range(1 if arm.key in exact else ARM_FORKS):
                 plan = {arm.step: arm.intervention}
-                yield ("arms", ctx.fork("arms", arm.key, plan, "held", j))
+                yield ("arms", ctx.seeds.fork("arms", arm.key, plan, "held", j))
 
     def result(self) -> tuple[StageResult, ...]:
         return (flip_counts(self.ctx, "arms", self._exact()),)

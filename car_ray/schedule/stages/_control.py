@@ -34,7 +34,7 @@ class HeldControl(Listed):
         self._result = ControlResult(failed=False)
 
     def forks(self) -> Iterator[Fork]:
-        return iter([("controls", self.ctx.fork("controls", "held", {}, "held", 0))])
+        return iter([("controls", self.ctx.seeds.fork("controls", "held", {}, "held", 0))])
 
     def done(self, exhausted: bool) -> Next:
         rows = [r for _, r in self.ctx.rows.of("controls", "held")]

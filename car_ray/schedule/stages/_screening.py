@@ -21,7 +21,7 @@ def screen_forks(
     block = screen.block()
     plan: dict[int, Intervention] = {k: Resample() for k in block}
     n = max(0, min(room, most - pending))
-    return [("screen", ctx.fork("screen", "block", plan, "held")) for _ in range(n)]
+    return [("screen", ctx.seeds.fork("screen", "block", plan, "held")) for _ in range(n)]
 
 
 def probed(screen: DeviationScreen, spec: ForkSpec, row: Row) -> None:

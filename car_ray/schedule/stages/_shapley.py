@@ -3,8 +3,6 @@ the screen's clearance behind its verdict."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
 from typing import Any, Literal
 
 from ..._notes import Note
@@ -12,16 +10,12 @@ from ...execute import Row
 from ...replay import ForkSpec, Intervention, Probe, Resample
 from .._context import JobContext, coalition_of, probes_of
 from .._results import ShapleyResult, StageResult
-from .._tuning import GO_ON_SLACK, MIN_SEEDS, REACH_ALPHA, SCREEN_MOST
+from .._tuning import MIN_SEEDS
 from ..estimators import DeviationScreen, SeedShapley
-from ..rules import clean_to_clear
+from ..rules import WindowLook
 from ._base import BaseStage, Fork, Lead, Next
+from ._clearance import SHAPLEY_SEEDS, Clearance
 from ._screening import probed, screen_forks, screen_result
-
-# Shapley seeds of the held game are fork seeds from here on (of the attribution's 2^32): the
-# screen's forks count from 0 and pick the candidates, so Shapley seeds that were the screen's
-# would see every step it found leave the tape (a selection bias toward the found steps).
-SHAPLEY_SEEDS = 1 << 31
 
 
 class HeldShapley(BaseStage):
@@ -47,7 +41,6 @@ class HeldShapley(BaseStage):
         self.previous = previous
         self.verdict: tuple[str, list[int]] | None = None
         self.unsettled: str | None = None
-        self.lacking: dict[int, float] | None = None
         self.notes: list[Note] = []
 
     def start(self) -> None:
@@ -60,6 +53,7 @@ class HeldShapley(BaseStage):
         self.out_of_budget = False
         self.per_seed = max(1, len(shap.coalitions(0)))
         self.target = self.ctx.spec.target_half_width
+        self.clearance = Clearance(self.ctx, shap, self.screen, self.target)
 
     def _replayed(self) -> SeedShapley:
         """Shapley over the steps the screen has found, from what the job's forks showed so
@@ -152,9 +146,11 @@ class HeldShapley(BaseStage):
                 # The fork also probes the steps not found that no fork of its seed has
                 # shown yet: screen draws for free (a smaller coalition stays on the tape
                 # longer, and reaches later steps at their recorded requests).
-                plan.update((k, Probe()) for k in self._probe_steps(fork_seed))
+                plan.update((k, Probe()) for k in self.clearance.probe_steps(fork_seed))
                 key = tuple(sorted(coalition))
-                out.append(("shapley", self.ctx.fork("shapley", key, plan, "held", fork_seed)))
+                out.append(
+                    ("shapley", self.ctx.seeds.fork("shapley", key, plan, "held", fork_seed))
+                )
             seed += 1
         return out
 
@@ -162,46 +158,14 @@ class HeldShapley(BaseStage):
         """Shapley forks in flight at once, as the job's window rule says
         (`ShapleyRules.window`), from the forks its caps leave unspent (those in flight
         counted: `forks_left` leaves them out)."""
-        return self.ctx.rules.window.size(
+        look = WindowLook(
             self.shap,
             coalitions=self.per_seed,
             per_seed=per_seed,
             unspent=None if left is None else left + len(self.pending),
             precise_only=self.ctx.precise_only,
         )
-
-    def _probe_steps(self, fork_seed: int) -> list[int]:
-        """The steps a fork probes: those not found that are short of the clean draws a
-        verdict is likely to need (`_probes_wanted`), and not drawn with this fork seed before
-        (by another fork of the seed, or by a Shapley that started over)."""
-        screen, seed = self.screen, self.ctx.seeds.base + fork_seed
-        wanted = self._probes_wanted()
-        return [
-            k
-            for k in self._unfound()
-            if screen.clean.get(k, 0) < wanted and (seed, k) not in screen.probes
-        ]
-
-    def _probes_wanted(self) -> int:
-        """Clean draws a step not found should have: what the screen asks for, and what the
-        leader's phi would need to stand (`_needed`; while the leader is not shown above 0,
-        a deviation bound of half its phi); SCREEN_MOST before MIN_SEEDS seeds. Each probe
-        of a model step is a live call: this bounds a long tape with a weak top, whose every
-        step would otherwise be probed by every seed."""
-        estimates = self.shap.estimates()
-        if len(self.shap.complete_seeds()) < MIN_SEEDS or not estimates:
-            return SCREEN_MOST
-        lead = max((e[0].value or 0.0) for e in estimates.values())
-        if lead <= 0:
-            return self.screen.clean_needed
-        # The top may be several steps (an AND's halves): the weakest of those near the
-        # leader sets what a verdict needs.
-        near = [k for k, e in estimates.items() if (e[0].value or 0.0) >= lead / 2]
-        needs = [self.shap.clean_to_clear(k, self._clear_alpha) for k in near]
-        need = max((n for n in needs if n < math.inf), default=0)
-        if math.inf in needs:
-            need = max(need, DeviationScreen.clean_for(lead / 2, self.ctx.alpha))
-        return int(min(SCREEN_MOST, max(self.screen.clean_needed, need)))
+        return self.ctx.rules.window.size(look)
 
     def suggest(self, room: int) -> list[Fork] | None:
         shap, screen = self.shap, self.screen
@@ -211,10 +175,10 @@ class HeldShapley(BaseStage):
         verdict = shap.verdict(self.target)
         if verdict is None or not self._may_stop():
             return self._seeds(room)
-        if self._stands(verdict):
+        if self.clearance.stands(verdict):
             self.verdict = verdict
             return None
-        if self._screen_next(verdict):
+        if self.clearance.screen_next(verdict):
             out = screen_forks(self.ctx, screen, room, len(self.screening))
             self.screening.update(spec.task_id for _, spec in out)
             if out or self.screening:
@@ -266,7 +230,7 @@ class HeldShapley(BaseStage):
             # A separated top stands at the end of a `--more` run too: what it ran on for
             # (every interval within the target) is what the budget did not reach.
             may_stop = self._may_stop() or (verdict is not None and verdict[0] == "separated")
-            if verdict is not None and may_stop and self._stands(verdict):
+            if verdict is not None and may_stop and self.clearance.stands(verdict):
                 self.verdict = verdict
                 if not self._may_stop():
                     self.notes.append(
@@ -278,7 +242,7 @@ class HeldShapley(BaseStage):
                         )
                     )
             else:
-                self.unsettled = self._unsettled(verdict)
+                self.unsettled = self.clearance.unsettled(verdict)
             return Next(end="complete" if self.verdict is not None else "budget_exhausted")
         if len(screen.candidates) == self.found:
             return Next()
@@ -298,7 +262,7 @@ class HeldShapley(BaseStage):
                 verdict=verdict,
                 screen=screen_result(self.screen),
                 unsettled=self.unsettled,
-                lacking=self.lacking,
+                lacking=self.clearance.lacking,
                 notes=tuple(self.notes),
             ),
         )
@@ -326,172 +290,6 @@ class HeldShapley(BaseStage):
 
     def state(self) -> dict[str, Any]:
         return {"candidates": self.shap.candidates, "seeds": len(self.shap.complete_seeds())}
-
-    def _unsettled(self, verdict: tuple[str, list[int]] | None) -> str:
-        """Why the top did not separate before the budget ended (the tests that fail, and
-        the steps not found that lack clean draws), and about how many more forks would
-        separate it if the forks to come were like those so far: k more seeds, at least
-        those `SeedShapley.lacks` projects for the tests, at the forks a seed has cost, and
-        the screen forks still short of clearance after them (each one more clean draw; a
-        seed brings `_probe_rate` of one), for the k of 0, 1, 2, 4, ... more that needs
-        fewest (`_screen_next`'s trade: seeds also lower what the top needs of the steps not
-        found); and the caps that would let it: the forks it spent (and carried) and the
-        projection with GO_ON_SLACK of it again."""
-        shap, screen = self.shap, self.screen
-        if verdict is not None and verdict[0] == "separated":
-            reasons: list[str] = []
-            seeds, top = 0.0, verdict[1]
-        else:
-            reasons, seeds, top = shap.lacks()
-        short = self._short(("separated", top)) if top else {}
-        self.lacking = short if top else None
-        if short:
-            step = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
-            need = short[step]
-            reasons.append(
-                f"step(s) {sorted(short)} not found to make choices lack the clean draws "
-                "that show their blame below the top's ("
-                + (
-                    "the top's blame is not yet shown far enough above 0 for any number"
-                    if need == math.inf
-                    else f"step {step}: {screen.clean.get(step, 0)} of {need:g}"
-                )
-                + ")"
-            )
-        forks = self._forks_to_separate(seeds, top) if reasons else math.inf
-        text = "; ".join(reasons) or "the forks it had did not settle it"
-        if forks == math.inf:
-            return f"{text}. How many more forks would separate it is not known from these"
-        more = math.ceil(forks * GO_ON_SLACK)
-        forks = math.ceil(forks)
-        go_on, also = self.ctx.go_on(more)
-        also = f" ({also})" if also else ""
-        return (
-            f"{text}. If the forks to come go as these did, about {forks} more would separate "
-            f"it: the same command with {go_on} ({more} more, for the chance they do not) "
-            f"goes on from here, keeping the forks paid for{also}"
-        )
-
-    def _forks_to_separate(self, seeds: float, top: list[int]) -> float:
-        """`_unsettled`'s projection: the fewest forks, over k = `seeds` + 0, 1, 2, 4, ...
-        more seeds, of k seeds at the forks a seed has cost and the clearance still short
-        after them (at least one fork); inf if none is finite."""
-        shap, screen = self.shap, self.screen
-        if seeds == math.inf or not top:
-            return math.inf
-        per_seed = max(1.0, shap.forks_per_seed())
-        unfound = self._unfound()
-        alpha = self.ctx.alpha
-        # What does not change with k, once: each step's reach and probe rate.
-        reach = {k: shap.reach(k, alpha * REACH_ALPHA) for k in unfound}
-        rate = {k: self._probe_rate(k) for k in unfound}
-        best, extra = math.inf, 0
-        while extra <= max(4 * len(shap.complete_seeds()), 50):
-            more = math.ceil(seeds) + extra
-            if more * per_seed >= best:
-                break  # the clearance only adds
-            lowers = [shap.phi_lower(t, more) for t in top]
-            clear = max(
-                (
-                    max(clean_to_clear(lower, self._clear_alpha, reach[k]) for lower in lowers)
-                    - screen.clean.get(k, 0)
-                    - rate[k] * more
-                    for k in unfound
-                ),
-                default=0.0,
-            )
-            best = min(best, more * per_seed + max(0.0, clear))
-            extra = 2 * extra if extra else 1
-        return max(1.0, best)
-
-    def _stands(self, verdict: tuple[str, list[int]]) -> bool:
-        """Whether Shapley's verdict has the screen's clearance behind it: every step not
-        found has the clean draws the verdict needs of it (`_needed`). If not, the screen
-        is asked for them (at most SCREEN_MOST: a top that needs more waits for seeds to
-        lower it, and a screen that gave up on strays clears nothing more)."""
-        if verdict == ("separated", []):
-            return True  # nothing makes a choice: the screen cleared every step already
-        short = self._short(verdict)
-        if not short:
-            return True
-        self.screen.clean_needed = int(min(SCREEN_MOST, max(short.values())))
-        return False
-
-    @property
-    def _clear_alpha(self) -> float:
-        """The level at which a step not found is shown below the top (`clean_to_clear`):
-        the job's alpha, whatever number of clean draws the screen gathered (it tops them up
-        to what the top's seeds ask for), less REACH_ALPHA for the bound on how much of the
-        step's weight reaches it (`SeedShapley.reach`). The pairs of candidates are tested
-        at alpha over the rivals, their signs however often they are looked at
-        (`rules.signs_agree`)."""
-        return self.ctx.alpha * (1 - REACH_ALPHA)
-
-    def _needed(
-        self,
-        verdict: tuple[str, list[int]],
-        more_seeds: int = 0,
-        steps: Sequence[int] | None = None,
-    ) -> dict[int, float]:
-        """Clean draws each step not found needs for `verdict` to stand. A separated top:
-        enough to show that step's phi below every top step's (`clean_to_clear`: its
-        deviation rate, times the share of its weight that reaches it at its recorded
-        request, bounds its |phi|; tested jointly with the top's seeds); a precise verdict:
-        a deviation bound within the target half-width. `more_seeds` asks what the need
-        would be after that many more seeds like the ones so far; `steps`, of those steps
-        alone (every step not found by default)."""
-        unfound = self._unfound() if steps is None else list(steps)
-        if verdict[0] != "separated":
-            need = DeviationScreen.clean_for(self.target, self.ctx.alpha)
-            return {k: need for k in unfound}
-        shap, alpha = self.shap, self._clear_alpha
-        out: dict[int, float] = {}
-        for k in unfound:
-            reach = shap.reach(k, self.ctx.alpha * REACH_ALPHA)
-            out[k] = max(shap.clean_to_clear(t, alpha, more_seeds, reach) for t in verdict[1])
-        return out
-
-    def _short(self, verdict: tuple[str, list[int]]) -> dict[int, float]:
-        """The steps not found that lack clean draws `verdict` needs of them, and the draws
-        each needs."""
-        clean = self.screen.clean
-        return {k: n for k, n in self._needed(verdict).items() if clean.get(k, 0) < n}
-
-    def _unfound(self) -> list[int]:
-        """The resample steps the screen has not seen leave the tape."""
-        return [k for k in self.screen.steps if k not in self.screen.hits]
-
-    def _probe_rate(self, k: int) -> float:
-        """The share of the complete Shapley seeds whose forks probed step k (reached it on
-        the tape): how many clean draws of k a seed brings."""
-        first = self.ctx.seeds.base + SHAPLEY_SEEDS
-        seeds = {first + s for s in self.shap.complete_seeds()}
-        if not seeds:
-            return 0.0
-        return sum(1 for s, j in self.screen.probes if j == k and s in seeds) / len(seeds)
-
-    def _screen_next(self, verdict: tuple[str, list[int]]) -> bool:
-        """Whether the next forks should be the screen's rather than Shapley seeds, while a
-        verdict waits on its clearance: a screen fork gives the step furthest short of its
-        clean draws one more; a fork of seeds gives it a probe where the seed's run reaches
-        it on the tape (the share of seeds so far that did) and lowers what the top needs
-        of it (the need after one more seed like the others). A precise verdict waits on
-        the screen alone."""
-        if verdict[0] != "separated":
-            return True
-        shap, screen = self.shap, self.screen
-        if not shap.complete_seeds():
-            return False
-        short = self._short(verdict)
-        if not short:
-            return False
-        weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
-        need = short[weakest]
-        if need == math.inf:
-            return False
-        later = self._needed(verdict, more_seeds=1, steps=[weakest])[weakest]
-        gain = self._probe_rate(weakest) + max(0.0, need - later)
-        return gain / max(1.0, shap.forks_per_seed()) <= 1.0
 
     def _may_stop(self) -> bool:
         """Whether a verdict ends the Shapley stage: always, unless the job's `precise_only`

@@ -21,7 +21,7 @@ class Uniform(Listed):
         for j in range(k):
             for arm in ctx.arms:
                 plan = {arm.step: arm.intervention}
-                yield ("uniform", ctx.fork("uniform", arm.key, plan, tail, j))
+                yield ("uniform", ctx.seeds.fork("uniform", arm.key, plan, tail, j))
 
     def result(self) -> tuple[StageResult, ...]:
         return (flip_counts(self.ctx, "uniform"),)
