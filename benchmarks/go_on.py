@@ -17,7 +17,6 @@ Prints a table per scenario and writes `go_on.json` to `--out`.
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Sequence
@@ -45,7 +44,7 @@ def _resumed(job: Any, tape: Any, rows: list[dict[str, Any]], cap: int) -> str:
     from car_ray.truth import run_local_scheduler
 
     outcome, _, _ = run_local_scheduler(job, tape, Budget(max_forks=cap), already=rows)
-    return ended(outcome.answer) or outcome.status
+    return ended(outcome.answer, outcome.status) or outcome.status
 
 
 def run(task: tuple[str, int]) -> dict[str, Any]:
@@ -63,20 +62,18 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
     result: dict[str, Any] = {
         "scenario": name,
         "seed": seed,
-        "ended": ended(outcome.answer),
+        "ended": ended(outcome.answer, outcome.status),
         "forks": spent,
     }
     if result["ended"] != "budget":
         return result
-    note = next(n.text for n in outcome.notes if n.kind == "shapley")
-    result["note"] = note
-    suggested = re.search(r"--max-forks (\d+)", note)
-    projected = re.search(r"about (\d+) more would separate", note)
-    if suggested is None or projected is None:
-        return result
-    result["projected"] = int(projected.group(1))
-    result["suggested"] = int(suggested.group(1)) - spent
-    result["at_suggested"] = _resumed(job, tape, rows, int(suggested.group(1)))
+    note = next((n for n in outcome.notes if n.kind == "shapley"), None)
+    if note is None or "projected_forks" not in note.figures:
+        return result  # the budget ended before the screen, or with no projection
+    result["note"] = note.text
+    result["projected"] = note.figures["projected_forks"]
+    result["suggested"] = note.figures["suggested_more"]
+    result["at_suggested"] = _resumed(job, tape, rows, spent + result["suggested"])
     result["at_projected"] = _resumed(job, tape, rows, spent + result["projected"])
     return result
 

@@ -76,7 +76,7 @@ def run(task: tuple[str, int]) -> dict[str, Any]:
     began = time.perf_counter()
     outcome, _ = run_local(job, tape, Budget(**base.spec.budget.model_dump()))
     ok, led = right(job_name, outcome.attribution)
-    stopped = ended(outcome.answer) in ("separated", "precise")
+    stopped = ended(outcome.answer, outcome.status) in ("separated", "precise")
     return {
         "job": job_name,
         "seed": seed,

@@ -26,25 +26,21 @@ from typing import Any
 from _common import DEFAULT_OUT, JOB_FILE, make_console
 from rich.table import Table
 
-import car_ray.schedule._plan as plan
 from car_ray._scenario import ensure_tape
 from car_ray.job import Job, load_job
 from car_ray.schedule import Budget
+from car_ray.schedule._tuning import LEARN_AFTER
 from car_ray.tape import Tape
 from car_ray.truth import run_local_scheduler
 
-LEARNED = plan.LEARN_AFTER
+LEARNED = LEARN_AFTER
 # A dollar cap the job never reaches: reservations are learned only under a dollar or token
 # cap (without one they would only cut forks).
 GENEROUS_USD = 1.0
 
 
 def one(job: Job, tape: Tape, budget: Budget, learn_after: int) -> dict[str, Any]:
-    plan.LEARN_AFTER = learn_after
-    try:
-        outcome, rows, scheduler = run_local_scheduler(job, tape, budget)
-    finally:
-        plan.LEARN_AFTER = LEARNED
+    outcome, rows, scheduler = run_local_scheduler(job, tape, budget, learn_after=learn_after)
     ledger = scheduler.governor.snapshot()
     report = ledger["reservations"]
     return {

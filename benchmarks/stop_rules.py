@@ -148,7 +148,7 @@ def run(task: tuple[str, str, int, list[int]]) -> dict[str, Any]:
         "rule": rule,
         "scenario": name,
         "seed": seed,
-        "ended": ended(outcome.answer),
+        "ended": ended(outcome.answer, outcome.status),
         "forks": outcome.progress.spent.forks,
         "first": first,
         "right": right,

@@ -281,13 +281,15 @@ def top1(
     return int(first["step"]), first["step"] in top and ahead
 
 
-def ended(answer: Answer | None) -> str | None:
+def ended(answer: Answer | None, status: str | None = None) -> str | None:
     """How the held mechanism ended, from its answer: "separated", "precise" or "nothing"
-    (it stopped on its own), "budget" (it did not answer before its budget ended), None
-    without an answer (a comparison scheme's, or none)."""
+    (it stopped on its own), "budget" (its budget ended before it answered), None otherwise
+    (a comparison scheme's answer, a failed job, or a complete one that did not answer)."""
     if answer is None or answer.kind == "measured":
         return None
-    return "budget" if answer.kind in ("lead", "unanswered") else answer.kind
+    if answer.answered:
+        return answer.kind
+    return "budget" if status == "budget_exhausted" else None
 
 
 def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any]:
@@ -311,7 +313,7 @@ def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any
         for r in resample
         if r["rank"] is not None and r["phi_lo"] is not None and r["phi_hi"] is not None
     ]
-    verdict = ended(result.answer) if task.scheme == "auto" else None
+    verdict = ended(result.answer, result.status) if task.scheme == "auto" else None
     return {
         "scenario": task.scenario,
         "scheme": task.scheme,

@@ -91,10 +91,15 @@ def test_top1_counts_a_tie_with_a_wrong_step_as_wrong() -> None:
 
 
 def test_ended_reads_a_job_that_did_not_answer_as_no_stop() -> None:
-    assert ended(Answer(kind="separated", top=[2])) == "separated"
-    assert ended(Answer(kind="lead")) == ended(Answer(kind="unanswered")) == "budget"
-    assert ended(Answer(kind="nothing")) == "nothing"
-    assert ended(Answer(kind="measured")) is None and ended(None) is None
+    assert ended(Answer(kind="separated", top=[2]), "complete") == "separated"
+    budget = "budget_exhausted"
+    assert ended(Answer(kind="lead"), budget) == ended(Answer(kind="unanswered"), budget)
+    assert ended(Answer(kind="lead"), budget) == "budget"
+    assert ended(Answer(kind="nothing"), "complete") == "nothing"
+    # A failed job, or a complete one that did not answer (a screen stopped on strays).
+    assert ended(Answer(kind="unanswered"), "control_failed") is None
+    assert ended(Answer(kind="unanswered"), "complete") is None
+    assert ended(Answer(kind="measured"), "complete") is None and ended(None) is None
 
 
 def test_the_grid_runs_uniform_from_one_fork_a_step() -> None:

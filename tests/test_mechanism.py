@@ -535,12 +535,14 @@ def test_a_default_job_that_ends_before_its_top_separates_says_why_and_how_to_go
     phi, candidates = shapley.per_seed_phi, list(shapley.candidates)
     diff = phi[:, candidates.index(2)] - phi[:, candidates.index(6)]
     wins, losses = int((diff > 0).sum()), int((diff < 0).sum())
-    note = next(n.text for n in outcome.notes if n.kind == "shapley")
+    shapley_note = next(n for n in outcome.notes if n.kind == "shapley")
+    note = shapley_note.text
     assert "the budget ended before the top separated" in note
     assert f"step 2 came out ahead of step 6 in {wins} seed(s) and behind in {losses}" in note
     spent = outcome.progress.spent.forks
-    more = int(note.split("about ")[1].split(" more")[0])
-    cap = int(note.split("--max-forks ")[1].split(" ")[0])
+    more = shapley_note.figures["projected_forks"]
+    cap = spent + shapley_note.figures["suggested_more"]
+    assert f"about {more} more would separate it" in note and f"--max-forks {cap} " in note
     assert more > 0 and cap == spent + math.ceil(1.5 * more), note
     line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     assert line.startswith("verdict: most likely step 2, where") and "fix" not in line, line
@@ -929,7 +931,9 @@ def test_forks_in_flight_narrow_as_the_verdict_nears() -> None:
                 ]
                 # Rank 1 may be shared: 4 and 6 of research_async can tie in phi and necessity.
                 assert first and set(first) <= top, (name, seed, first)
-                out.append((outcome.progress.spent.forks, ended(outcome.answer), first))
+                out.append(
+                    (outcome.progress.spent.forks, ended(outcome.answer, outcome.status), first)
+                )
         return out
 
     narrowing = runs(SHIPPED_RULES)

@@ -23,6 +23,7 @@ def _scheduler(
     tape: Tape,
     entries: list[InterventionEntry] | None = None,
     plan: Callable[[JobContext], list[Stage]] | None = None,
+    prices: PriceTable | None = None,
 ) -> Scheduler:
     job = load_job(SUPPORT_JOB)
     if entries is not None:
@@ -34,7 +35,7 @@ def _scheduler(
         executor=None,
         sink=None,
         budget=Budget(max_forks=10),
-        prices=PriceTable(),
+        prices=prices or PriceTable(),
         **({"plan": plan} if plan is not None else {}),
     )
 
@@ -66,8 +67,7 @@ def test_no_two_stages_make_the_same_task(support_tape: Tape) -> None:
 
 
 def test_a_policy_swap_is_reserved_at_the_new_models_price(support_tape: Tape) -> None:
-    s = _scheduler(support_tape)
-    s.costs.prices = PriceTable.load()
+    s = _scheduler(support_tape, prices=PriceTable.load())
     recorded = s.estimate(ForkSpec(tape_id=support_tape.tape_id, interventions={2: Resample()}))
     pricier = s.estimate(
         ForkSpec(tape_id=support_tape.tape_id, interventions={2: SwapPolicy(model="gpt-4o")})

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-import car_ray.schedule._costs as costs
 from car_ray.job import Job
 from car_ray.schedule import Budget
 from car_ray.tape import Tape
 from car_ray.truth import run_local_scheduler
 
 
-def _attribute(job: Job, tape: Tape, budget: Budget) -> tuple[Any, list[dict[str, Any]], Any]:
-    outcome, rows, scheduler = run_local_scheduler(job, tape, budget)
+def _attribute(
+    job: Job, tape: Tape, budget: Budget, learn_after: int
+) -> tuple[Any, list[dict[str, Any]], Any]:
+    outcome, rows, scheduler = run_local_scheduler(job, tape, budget, learn_after=learn_after)
     return outcome, rows, scheduler.governor.snapshot()
 
 
@@ -28,7 +27,7 @@ def _answer(outcome: Any) -> dict[tuple[str, int], Any]:
 
 
 def test_a_fork_cut_at_a_learned_reservation_runs_again_at_the_worst_case(
-    support_job: Job, support_tape: Tape, monkeypatch: pytest.MonkeyPatch
+    support_job: Job, support_tape: Tape
 ) -> None:
     # A dollar cap (reservations are learned only under one) that does not bind: both runs
     # then ask for the same forks, and a cut fork costs only its rerun.
@@ -36,12 +35,10 @@ def test_a_fork_cut_at_a_learned_reservation_runs_again_at_the_worst_case(
     # One fork in flight: each is reserved after the ones before it settled.
     provider = support_job.spec.provider.model_copy(update={"concurrency": 1})
     support_job = Job(support_job.path, support_job.spec.model_copy(update={"provider": provider}))
-    monkeypatch.setattr(costs, "LEARN_AFTER", 10**9)
-    worst, _, worst_ledger = _attribute(support_job, support_tape, budget)
+    worst, _, worst_ledger = _attribute(support_job, support_tape, budget, 10**9)
     # Learn from the first settled fork of a shape: later forks of it that make more live
     # calls are cut at their reservation.
-    monkeypatch.setattr(costs, "LEARN_AFTER", 1)
-    learned, rows, ledger = _attribute(support_job, support_tape, budget)
+    learned, rows, ledger = _attribute(support_job, support_tape, budget, 1)
 
     cut = [r for r in rows if r["task_id"].endswith("/cut")]
     assert cut, "learning from one fork must under-reserve some later fork"

@@ -94,6 +94,21 @@ def test_every_path_a_user_reads_says_the_job_did_not_answer(
     assert cli.invoke(app, ["show", str(folder)]).exit_code == 0
 
 
+def test_a_job_whose_screen_cleared_every_step_answers_nothing_to_blame(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """jobs/null_control, as a user runs it: no step ever leaves the tape, the screen gives
+    every step its 20 clean re-draws, and the job answers "no step to blame" (even under
+    --strict), with nothing ranked: an answer is not the same as a ranked row."""
+    job = ROOT / "jobs" / "null_control" / "job.toml"
+    ran = cli.invoke(app, ["attribute", str(job), "--out", str(tmp_path), "--strict"])
+    assert ran.exit_code == 0, ran.output
+    assert ran.output.strip().splitlines()[-1].startswith("verdict: no step to blame")
+    (folder,) = [p for p in tmp_path.iterdir() if (p / "job.json").exists()]
+    info = json.loads((folder / "job.json").read_text())
+    assert info["answer"]["kind"] == "nothing" and info["answer"]["unexamined"] == []
+
+
 def test_a_batch_counts_a_trace_that_could_not_answer_as_unanswered(
     ray_local: None, wordy: tuple[Job, Tape], tmp_path: Path
 ) -> None:

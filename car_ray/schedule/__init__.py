@@ -16,7 +16,6 @@ budget ledger and fork costs, and the stages, estimators and rules of the held m
 from __future__ import annotations
 
 from ._budget import (
-    DEFAULT_MAX_FORKS,
     Budget,
     BudgetError,
     BudgetGovernor,
@@ -40,6 +39,7 @@ from ._loop import Admission, Deadline, JobSource, RunLoop, SharedBudget, Window
 from ._plan import plan_of
 from ._results import ControlResult, FlipCounts, ScreenResult, ShapleyResult, StageResult
 from ._table import Results
+from ._tuning import DEFAULT_MAX_FORKS
 from .estimators import DeviationScreen, SeedShapley, exact_shapley
 from .stages import Next, Stage
 

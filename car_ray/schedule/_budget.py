@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._tuning import DEFAULT_FORKS_PER_STEP
+from ._tuning import DEFAULT_FORKS_PER_STEP, DEFAULT_MAX_FORKS
 
 NANO_PER_USD = 1_000_000_000
 
@@ -381,10 +381,6 @@ class BudgetGovernor:
 
 def _fmt(dim: int, value: int) -> str:
     return f"${value / NANO_PER_USD:.9g}" if dim == 1 else str(value)
-
-
-# A job that sets no cap at all runs under this many forks when its tape is not known.
-DEFAULT_MAX_FORKS = 2000
 
 
 def effective_budget(budget: Budget, steps: int | None = None) -> Budget:

@@ -24,16 +24,21 @@ Shape = tuple[str, Any]
 
 class ForkCosts:
     """A job's fork estimates: the worst case from the tape and the price table, or, once
-    LEARN_AFTER forks of a fork's shape have settled under a dollar or token cap, their
-    most live calls at a learned output. A fork whose learned reservation was too small is
-    cut, never overspent, and runs again at the worst case (`cut`)."""
+    `learn_after` (LEARN_AFTER) forks of a fork's shape have settled under a dollar or token
+    cap, their most live calls at a learned output. A fork whose learned reservation was too
+    small is cut, never overspent, and runs again at the worst case (`cut_tasks`)."""
 
     def __init__(
-        self, steps: Sequence[LlmEvent | ToolEvent], prices: PriceTable, governor: BudgetGovernor
+        self,
+        steps: Sequence[LlmEvent | ToolEvent],
+        prices: PriceTable,
+        governor: BudgetGovernor,
+        learn_after: int = LEARN_AFTER,
     ) -> None:
         self.steps = steps
         self.prices = prices
         self.governor = governor
+        self.learn_after = learn_after
         # Live calls of settled forks by shape: what a fork of that shape is reserved for.
         self.calls_by_shape: dict[Shape, list[int]] = defaultdict(list)
         self.output_per_call: list[int] = []  # output tokens per live call of settled forks
@@ -65,7 +70,7 @@ class ForkCosts:
         """Live calls of settled forks of the finest shape with LEARN_AFTER of them."""
         for shape in self.shapes(spec):
             seen = self.calls_by_shape.get(shape, [])
-            if len(seen) >= LEARN_AFTER:
+            if len(seen) >= self.learn_after:
                 return seen
         return []
 
@@ -88,7 +93,7 @@ class ForkCosts:
         # learned reservation would only cut forks.
         budget = self.governor.budget
         money = budget.max_usd is not None or budget.max_tokens is not None
-        learned = money and not worst and len(seen) >= LEARN_AFTER and max(seen) < worst_calls
+        learned = money and not worst and len(seen) >= self.learn_after and max(seen) < worst_calls
         output = self.output_bound(learned=learned)
         bound = self.call_bound(spec, output)
         calls = max(seen) if learned else worst_calls
@@ -131,7 +136,7 @@ class ForkCosts:
         per call, at least LEARNED_OUTPUT_FLOOR."""
         recorded = [e.usage.get("output_tokens", 0) for e in self.steps if isinstance(e, LlmEvent)]
         most = max(recorded, default=0)
-        if learned and len(self.output_per_call) >= LEARN_AFTER:
+        if learned and len(self.output_per_call) >= self.learn_after:
             most = max(most, *self.output_per_call)
             return max(LEARNED_OUTPUT_FLOOR, 2 * most)
         return max(OUTPUT_FLOOR_TOKENS, 4 * most)

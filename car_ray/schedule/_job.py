@@ -43,7 +43,7 @@ from ._table import (
     held_notes,
     measured_answer,
 )
-from ._tuning import FAILED_SHARE
+from ._tuning import FAILED_SHARE, LEARN_AFTER
 from .rules import NarrowingWindow, SignAndT, earlier_if_blameless
 from .stages import UNSCORED, Lead, Next, Stage
 
@@ -98,7 +98,8 @@ def job_id_of(job: Job, tape: Tape) -> str:
 class Scheduler:
     """One attribution job over one tape: its ledger and fork costs, its plan of stages and
     their results. A source of forks for `RunLoop`; `run()` runs it alone on its executor.
-    `rules` are the Shapley stage's; `plan` builds the stages from the job (`plan_of`)."""
+    `rules` are the Shapley stage's; `plan` builds the stages from the job (`plan_of`);
+    `learn_after` settled forks of a shape make its reservations learned (`ForkCosts`)."""
 
     def __init__(
         self,
@@ -117,6 +118,7 @@ class Scheduler:
         precise_only: bool = False,
         rules: ShapleyRules = SHIPPED_RULES,
         plan: Callable[[JobContext], list[Stage]] = plan_of,
+        learn_after: int = LEARN_AFTER,
         on_progress: Callable[[Progress], None] | None = None,
         on_submit: Callable[[], None] | None = None,
     ) -> None:
@@ -134,7 +136,7 @@ class Scheduler:
             already_elapsed_s=already_elapsed_s,
             carried=carried or Cost(),
         )
-        self.costs = ForkCosts(tape.steps, prices, self.governor)
+        self.costs = ForkCosts(tape.steps, prices, self.governor, learn_after)
         self.progress = Progress(caps=budget)
         self.on_progress = on_progress or (lambda p: None)
         self.on_submit = on_submit or (lambda: None)
@@ -182,10 +184,11 @@ class Scheduler:
 
     @property
     def candidates(self) -> list[int]:
-        """The steps Shapley is over (the current stage's, else the last result's)."""
-        state = self.stage.state() if self.stage is not None else {}
-        if "candidates" in state and self.stage is not None and self.stage.name == "shapley":
-            return list(state["candidates"])
+        """The steps the Shapley whose blame the job shows is over: the running stage's,
+        else (the job ended) the last result's."""
+        running = self.stage is not None and self.outcome is None and self.stage.name == "shapley"
+        if running and self.stage is not None:
+            return list(self.stage.state().get("candidates", []))
         shapley = self.results.shapley
         return list(shapley.candidates) if shapley is not None else []
 
@@ -330,6 +333,7 @@ class Scheduler:
             self.outcome = self._finish()
             return False
         self._stages = self.plan(self.context)
+        self.results.planned = [stage.name for stage in self._stages]
         return self._enter_next()
 
     def _enter_next(self) -> bool:
@@ -426,7 +430,7 @@ class Scheduler:
         self.progress.in_flight = 0  # every fork asked for has settled or been given up
         self.sink.flush()
         rows = [self._stamped(r) for r in attribution_table(self.context, results)]
-        if results.uniform is not None:
+        if "uniform" in results.planned:
             answer = measured_answer(self.context, rows, self.status)
         else:
             spent = self.governor.spent.forks + self.governor.carried.forks

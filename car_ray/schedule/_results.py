@@ -4,12 +4,13 @@ answer are built from these (`_table`), never from a stage's state or a note's t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from .._notes import Note
 from ._interval import Interval
+from .estimators import DeviationScreen
 
 # (phi, necessity, sufficiency) of a candidate, each with its interval.
 Estimates = Mapping[int, tuple[Interval, Interval, Interval]]
@@ -54,13 +55,26 @@ class ScreenResult:
     verdict: Verdict | None = None
 
     def deviation_bound(self, k: int, alpha: float) -> float:
-        """An upper bound on how often step k leaves the tape: 1 - alpha^(1/n) after n clean
-        draws and none that left it."""
-        n = self.clean.get(k, 0)
-        return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
+        """An upper bound on how often step k leaves the tape (`DeviationScreen.bound_after`
+        its clean draws)."""
+        return DeviationScreen.bound_after(self.clean.get(k, 0), alpha)
 
 
 @dataclass(frozen=True)
+class Unsettled:
+    """Why a Shapley's top did not separate before its budget ended (`text`, as the note
+    says it; `reasons`, the tests that fail), and, when the forks so far project it, about
+    how many more would separate it (`forks`), the more the suggested cap allows (`more`:
+    the projection and GO_ON_SLACK of it again) and the options that go on (`go_on`)."""
+
+    text: str
+    reasons: tuple[str, ...] = ()
+    forks: int | None = None
+    more: int | None = None
+    go_on: str | None = None
+
+
+@dataclass(frozen=True, eq=False)
 class ShapleyResult:
     """The held Shapley that answers (the last one, or the one before it: `ShapleyRules.
     answering`): its candidates, complete seeds and per-seed phi (one row a seed), its
@@ -74,10 +88,9 @@ class ShapleyResult:
     estimates: Estimates
     verdict: Verdict | None
     screen: ScreenResult
-    unsettled: str | None = None
+    unsettled: Unsettled | None = None
     lacking: Mapping[int, float] | None = None
     notes: tuple[Note, ...] = ()
-    figures: Mapping[str, float] = field(default_factory=dict)
 
 
 # What a stage may hand back (none, one, or a Shapley result with its screen's).

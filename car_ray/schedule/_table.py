@@ -22,6 +22,7 @@ from ._results import (
     Verdict,
 )
 from ._tuning import GO_ON_SLACK, SCREEN_CLEAN
+from .estimators import DeviationScreen
 
 
 @dataclass
@@ -35,6 +36,7 @@ class Results:
     screened: ScreenResult | None = None
     shapley: ShapleyResult | None = None
     notes: list[Note] = field(default_factory=list)
+    planned: list[str] = field(default_factory=list)  # the plan's stages, by name
 
     def add(self, results: Sequence[StageResult]) -> None:
         for result in results:
@@ -221,8 +223,14 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
     figures: dict[str, Any] = {"seeds": n}
     if verdict is None:
         unsettled = shapley.unsettled if shapley is not None else None
-        why = f": {unsettled}" if unsettled else ""
+        why = f": {unsettled.text}" if unsettled is not None else ""
         text = f"shapley: {n} seeds; the budget ended before the top separated{why}"
+        if unsettled is not None and unsettled.forks is not None:
+            figures.update(
+                projected_forks=unsettled.forks,
+                suggested_more=unsettled.more,
+                go_on=unsettled.go_on,
+            )
     elif verdict[1]:
         top = list(verdict[1])
         figures.update(top=top, verdict=verdict[0])
@@ -246,7 +254,7 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
             )
         else:
             # Rounded up: the bound is a most, and "14%" must not read below it.
-            bound = 1.0 if fewest == 0 else 1.0 - ctx.alpha ** (1.0 / fewest)
+            bound = DeviationScreen.bound_after(fewest, ctx.alpha)
             most = math.ceil(round(bound * 100, 9))
             figures["deviation_bound"] = bound
             text = (

@@ -42,6 +42,7 @@ CLEAR_GRID_RATIO = 1.15
 ARM_FORKS = 8
 # -- budgets, reservations and the run loop -------------------------------------------------------
 DEFAULT_FORKS_PER_STEP = 10
+DEFAULT_MAX_FORKS = 2000
 LEARN_AFTER = 4
 OUTPUT_FLOOR_TOKENS = 256
 LEARNED_OUTPUT_FLOOR = 32
@@ -151,6 +152,13 @@ RECORD: dict[str, Evidence] = {
         _NOT_MEASURED,
         "08b2109",
         "none when chosen (issue 8 measured at most 8.5 forks a step used: car-ray bench)",
+    ),
+    "DEFAULT_MAX_FORKS": Evidence(
+        "the fork cap of a job that sets no cap when its tape's length is not known (the "
+        "uniform scheme), and the most DEFAULT_FORKS_PER_STEP gives a long tape",
+        _NOT_MEASURED,
+        "08b2109",
+        "none",
     ),
     "LEARN_AFTER": Evidence(
         "settled forks of a shape before its reservation is learned from them",

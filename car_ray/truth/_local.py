@@ -18,6 +18,7 @@ from ..schedule import (
     ShapleyRules,
     job_id_of,
 )
+from ..schedule._tuning import LEARN_AFTER
 from ..tape import Tape
 from ._solver import sim_runner
 
@@ -36,16 +37,20 @@ def run_local_scheduler(
     budget: Budget,
     already: list[dict[str, Any]] | None = None,
     rules: ShapleyRules = SHIPPED_RULES,
+    learn_after: int = LEARN_AFTER,
 ) -> tuple[JobOutcome, list[dict[str, Any]], Scheduler]:
     """`run_local`, and the scheduler that ran it (its ledger: `scheduler.governor`; what its
     stages handed back: `scheduler.results`). With `already` (the rows of an earlier run of
     the job), the run goes on from them as a rerun of `car-ray attribute` does: their cost
     counts against the caps, and the rows returned are the new ones. `rules`: the Shapley
-    stage's (a benchmark compares rules by passing them)."""
+    stage's (a benchmark compares rules by passing them); `learn_after`: settled forks of a
+    shape before its reservation is learned."""
     executor = LocalExecutor(sim_runner(job, tape))
     sink = MemorySink()
     try:
-        scheduler = local_scheduler(job, tape, budget, executor, sink, already, rules)
+        scheduler = local_scheduler(
+            job, tape, budget, executor, sink, already, rules, learn_after=learn_after
+        )
         outcome = scheduler.run()
     finally:
         executor.shutdown()
@@ -60,6 +65,7 @@ def local_scheduler(
     sink: RowSink,
     already: list[dict[str, Any]] | None = None,
     rules: ShapleyRules = SHIPPED_RULES,
+    learn_after: int = LEARN_AFTER,
 ) -> Scheduler:
     """The scheduler of `job` on `tape` over `executor` into `sink`, at the default prices:
     `run_local`'s, or one of many jobs in one `RunLoop`; going on from `already`, if given."""
@@ -79,4 +85,5 @@ def local_scheduler(
             sum(r["tokens_in"] + r["tokens_out"] for r in rows),
         ),
         rules=rules,
+        learn_after=learn_after,
     )

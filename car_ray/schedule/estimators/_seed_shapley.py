@@ -190,8 +190,9 @@ class SeedShapley:
             out.append(s)
         return out
 
-    def _per_seed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """phi_s, necessity_s and sufficiency_s, one row a complete seed."""
+    def per_seed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """phi_s, necessity_s and sufficiency_s, one row a complete seed, one column a
+        candidate (NaN where a seed's chain does not measure it)."""
         seeds = self.complete_seeds()
         m = self.candidates
         phi = np.zeros((len(seeds), len(m)))
@@ -221,7 +222,7 @@ class SeedShapley:
 
     def estimates(self) -> dict[int, tuple[Interval, Interval, Interval]]:
         """Per candidate: phi, necessity and sufficiency, each with its interval."""
-        phi, nec, suf = self._per_seed()
+        phi, nec, suf = self.per_seed()
         n = phi.shape[0]
         out: dict[int, tuple[Interval, Interval, Interval]] = {}
         for j, k in enumerate(self.candidates):
@@ -263,7 +264,7 @@ class SeedShapley:
         """Candidate k's one-sided lower bounds on phi at given levels (`_phi_lower`), from
         the seeds so far and `more_seeds` more at their mean: one function for many
         `clean_to_clear` calls (the seeds are read once)."""
-        phi, _, _ = self._per_seed()
+        phi, _, _ = self.per_seed()
         values = phi[:, self.candidates.index(k)]
         if more_seeds and values.size:
             values = np.append(values, np.full(more_seeds, values.mean()))
@@ -298,7 +299,7 @@ class SeedShapley:
             return 0.0
         if n < MIN_SEEDS:
             return math.inf
-        phi, _, _ = self._per_seed()
+        phi, _, _ = self.per_seed()
         if len(self.candidates) == 1:
             # Wilson's lower end is above 0 from the first flip on.
             return 0.0 if phi[:, 0].sum() > 0 else math.inf
@@ -321,7 +322,7 @@ class SeedShapley:
             return [], 0.0, []
         if n < MIN_SEEDS:
             return [f"{n} complete seed(s), and a verdict needs {MIN_SEEDS}"], math.inf, []
-        phi, _, _ = self._per_seed()
+        phi, _, _ = self.per_seed()
         lead, top, pair_alpha, failing = self._failing(phi)
         reasons: list[str] = []
         more = self.seeds_to_verdict()
@@ -372,7 +373,7 @@ class SeedShapley:
             return "separated", []
         if len(self.complete_seeds()) < MIN_SEEDS:
             return None
-        phi, _, _ = self._per_seed()
+        phi, _, _ = self.per_seed()
         m = self.candidates
         _, top, _, failing = self._failing(phi)
         if not failing:

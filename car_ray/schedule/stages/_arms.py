@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import MappingProxyType
 
 from ...replay import SwapPolicy
 from .._context import JobContext
@@ -47,4 +48,4 @@ def flip_counts(ctx: JobContext, stage: str, exact: frozenset[str] = frozenset()
     for arm in ctx.arms:
         rows = [r for r in ctx.rows.arm(stage, arm.key) if r["flipped"] is not None]
         counts[arm.key] = (sum(bool(r["flipped"]) for r in rows), len(rows))
-    return FlipCounts(stage, counts, exact)
+    return FlipCounts(stage, MappingProxyType(counts), exact)

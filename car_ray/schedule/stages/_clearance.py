@@ -9,6 +9,7 @@ import math
 from collections.abc import Sequence
 
 from .._context import JobContext
+from .._results import Unsettled
 from .._tuning import GO_ON_SLACK, MIN_SEEDS, REACH_ALPHA, SCREEN_MOST
 from ..estimators import DeviationScreen, SeedShapley
 from ..rules import clean_to_clear
@@ -69,7 +70,7 @@ class Clearance:
             need = max(need, DeviationScreen.clean_for(lead / 2, self.ctx.alpha))
         return int(min(SCREEN_MOST, max(self.screen.clean_needed, need)))
 
-    def unsettled(self, verdict: tuple[str, list[int]] | None) -> str:
+    def unsettled(self, verdict: tuple[str, list[int]] | None) -> Unsettled:
         """Why the top did not separate before the budget ended (the tests that fail, and
         the steps not found that lack clean draws), and about how many more forks would
         separate it if the forks to come were like those so far: k more seeds, at least
@@ -100,19 +101,21 @@ class Clearance:
                 )
                 + ")"
             )
-        forks = self.forks_to_separate(seeds, top) if reasons else math.inf
+        projected = self.forks_to_separate(seeds, top) if reasons else math.inf
         text = "; ".join(reasons) or "the forks it had did not settle it"
-        if forks == math.inf:
-            return f"{text}. How many more forks would separate it is not known from these"
-        more = math.ceil(forks * GO_ON_SLACK)
-        forks = math.ceil(forks)
+        if projected == math.inf:
+            why = f"{text}. How many more forks would separate it is not known from these"
+            return Unsettled(why, tuple(reasons))
+        more = math.ceil(projected * GO_ON_SLACK)
+        forks = math.ceil(projected)
         go_on, also = self.ctx.go_on(more)
-        also = f" ({also})" if also else ""
-        return (
+        aside = f" ({also})" if also else ""
+        why = (
             f"{text}. If the forks to come go as these did, about {forks} more would separate "
             f"it: the same command with {go_on} ({more} more, for the chance they do not) "
-            f"goes on from here, keeping the forks paid for{also}"
+            f"goes on from here, keeping the forks paid for{aside}"
         )
+        return Unsettled(why, tuple(reasons), forks, more, go_on)
 
     def forks_to_separate(self, seeds: float, top: list[int]) -> float:
         """`unsettled`'s projection: the fewest forks, over k = `seeds` + 0, 1, 2, 4, ...

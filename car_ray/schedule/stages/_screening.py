@@ -3,6 +3,8 @@ the draws of Shapley forks that probed for it, and its frozen result."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from ...execute import Row
 from ...replay import ForkSpec, Intervention, Resample
 from .._context import JobContext, probes_of
@@ -36,7 +38,7 @@ def screen_result(screen: DeviationScreen, verdict: Verdict | None = None) -> Sc
     return ScreenResult(
         steps=tuple(screen.steps),
         candidates=tuple(screen.candidates),
-        clean=dict(screen.clean),
+        clean=MappingProxyType(dict(screen.clean)),
         forks=screen.forks,
         probe_forks=screen.probe_forks,
         strays=screen.strays,

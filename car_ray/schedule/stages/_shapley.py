@@ -3,13 +3,14 @@ the screen's clearance behind its verdict."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Literal
 
 from ..._notes import Note
 from ...execute import Row
 from ...replay import ForkSpec, Intervention, Probe, Resample
 from .._context import JobContext, coalition_of, probes_of
-from .._results import ShapleyResult, StageResult
+from .._results import ShapleyResult, StageResult, Unsettled
 from .._tuning import MIN_SEEDS
 from ..estimators import DeviationScreen, SeedShapley
 from ..rules import WindowLook
@@ -22,10 +23,10 @@ class HeldShapley(BaseStage):
     """Shapley blame over the steps the screen found, one seed at a time (see
     `SeedShapley`), until the top cause is separated or the intervals are precise, with
     the screen's clearance behind the verdict: every step the screen has not found has
-    the clean draws that show its phi below the top's (`_needed`: `clean_to_clear` with
+    the clean draws that show its phi below the top's (`Clearance.needed`: `clean_to_clear` with
     `SeedShapley.reach`), or a deviation bound within the target half-width when the
     verdict is "precise". While it has not, each fork goes where it gives more
-    (`_screen_next`): a screen fork is one more clean draw, a seed a probe and a top that
+    (`Clearance.screen_next`): a screen fork is one more clean draw, a seed a probe and a top that
     needs fewer. When the screen finds another step, Shapley starts over (a new
     `HeldShapley` over the steps found, keeping every row)."""
 
@@ -40,7 +41,7 @@ class HeldShapley(BaseStage):
         # answer if the budget ends first (`ShapleyRules.answering`).
         self.previous = previous
         self.verdict: tuple[str, list[int]] | None = None
-        self.unsettled: str | None = None
+        self.unsettled: Unsettled | None = None
         self.notes: list[Note] = []
 
     def start(self) -> None:
@@ -250,26 +251,28 @@ class HeldShapley(BaseStage):
 
     def result(self) -> tuple[StageResult, ...]:
         shown = self.shown
-        phi, _, _ = shown._per_seed()
+        phi, _, _ = shown.per_seed()
         phi.setflags(write=False)
+        lacking = self.clearance.lacking
         verdict = (self.verdict[0], tuple(self.verdict[1])) if self.verdict else None
         return (
             ShapleyResult(
                 candidates=tuple(shown.candidates),
                 seeds=tuple(shown.complete_seeds()),
                 per_seed_phi=phi,
-                estimates=shown.estimates(),
+                estimates=MappingProxyType(shown.estimates()),
                 verdict=verdict,
                 screen=screen_result(self.screen),
                 unsettled=self.unsettled,
-                lacking=self.clearance.lacking,
+                lacking=None if lacking is None else MappingProxyType(dict(lacking)),
                 notes=tuple(self.notes),
             ),
         )
 
     def lead(self) -> Lead | None:
-        """The step with the most blame so far, once two seeds are complete."""
-        shap = self.shap
+        """The step with the most blame so far in the game the job shows, once two seeds
+        are complete."""
+        shap = self.shown
         if not shap.candidates or len(shap.complete_seeds()) < 2:
             return None
         phis = {k: e[0] for k, e in shap.estimates().items() if e[0].value is not None}
@@ -289,7 +292,8 @@ class HeldShapley(BaseStage):
             shap.horizon = max(shap.horizon or 0.0, ahead)
 
     def state(self) -> dict[str, Any]:
-        return {"candidates": self.shap.candidates, "seeds": len(self.shap.complete_seeds())}
+        shown = self.shown
+        return {"candidates": shown.candidates, "seeds": len(shown.complete_seeds())}
 
     def _may_stop(self) -> bool:
         """Whether a verdict ends the Shapley stage: always, unless the job's `precise_only`
