@@ -73,18 +73,30 @@ def _rows() -> list[dict[str, Any]]:
 def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confidence(
     support_tape: Tape,
 ) -> None:
-    line = verdict(_rows(), support_tape)
+    decision = [r for r in _rows() if r["intervention"] == "resample"]
+    line = verdict(decision, support_tape)
     assert line.startswith(f"verdict: fix step 4, where {REFUND_CALL}"), line
     assert "blame φ 0.60 [0.50, 0.70]" in line and "at 95% confidence" in line
     assert "re-drawing step 4 alone clears the failure 80% of the time" in line
     # One rank 1 for the job, not the model's name nor one per intervention kind.
-    assert "openai:gpt-4o-mini" not in line and "observation" not in line
-    assert line.count("step ") == 2, line
-    # Without a re-drawn step to blame, the strongest intervention is the answer; blame not
-    # shown is not blame ruled out, so the line says how much the intervals leave room for.
+    assert "openai:gpt-4o-mini" not in line and line.count("step ") == 2, line
+
+
+def test_the_verdict_names_the_root_and_where_the_agent_went_wrong(support_tape: Tape) -> None:
+    """Replacing the tool result at step 1 (the order note with the injected instruction)
+    clears the failure every time: that is the failure's root, named first; the model step
+    with the most blame is where the agent went wrong on it, named second, one line."""
+    line = verdict(_rows(), support_tape)
+    assert line.startswith("verdict: the tool result at step 1 (lookup_order returned {"), line
+    assert ") is the root: replacing it clears the failure 100% of the time [0.79, 1.00]; " in line
+    assert f"; the agent went wrong at step 4, where {REFUND_CALL} (blame φ 0.60" in line
+    assert line.endswith("re-drawing step 4 alone clears the failure 80% of the time"), line
+    assert "fix" not in line and line.count("at 95% confidence") == 1
+    # Without a re-drawn step to blame, the root alone is the answer; blame not shown is not
+    # blame ruled out, so the line says how much the intervals leave room for.
     no_blame = [r for r in _rows() if r["intervention"] != "resample"]
     assert verdict(no_blame, support_tape).startswith(
-        "verdict: the observation intervention at step 1, where lookup_order returned"
+        "verdict: the tool result at step 1 (lookup_order returned"
     )
     unshown = [
         {**r, "rank": None, "phi": 0.0, "phi_lo": 0.0, "phi_hi": 0.19}
@@ -92,10 +104,9 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
         else r
         for r in _rows()
     ]
-    assert verdict(unshown, support_tape).startswith(
-        "verdict: no re-drawn step showed blame (each φ at most 0.19); the observation "
-        "intervention at step 1"
-    )
+    line = verdict(unshown, support_tape)
+    assert line.startswith("verdict: the tool result at step 1"), line
+    assert line.endswith("at 95% confidence; no re-drawn step showed blame (each φ at most 0.19)")
     # A bound is rounded up, never down: 0.1936 reads 0.20.
     unshown[1]["phi_hi"] = 0.1936
     assert "(each φ at most 0.20)" in verdict(unshown, support_tape)
@@ -103,7 +114,8 @@ def test_the_verdict_names_the_step_what_happened_there_its_effect_and_the_confi
     page = render_report(
         tape=support_tape, attribution=_rows(), job=JobInfo(job_id="j", status="complete")
     )
-    shown = page.index("fix step 4, where the model called issue_refund(order_id=&quot;A1001&quot;")
+    shown = page.index("the agent went wrong at step 4, where the model called issue_refund(")
+    assert page.index("is the root: replacing it clears the failure") < shown
     assert shown < page.index('id="charts"')
 
 
@@ -117,7 +129,8 @@ def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fi
     budget ended before it answered."""
     lead = Answer(kind="lead", steps=[0, 2, 4], examined=[2, 4], cleared=[0])
     line = verdict(_rows(), support_tape, "budget_exhausted", [], lead)
-    assert line.startswith(f"verdict: most likely step 4, where {REFUND_CALL}"), line
+    assert line.startswith("verdict: the tool result at step 1 (lookup_order"), line
+    assert f"; most likely the agent went wrong at step 4, where {REFUND_CALL}" in line
     assert "blame φ 0.60 [0.50, 0.70]" in line and "fix" not in line
     assert line.endswith(
         "not separated from the other steps: the budget ended first (see the notes)"
@@ -160,7 +173,8 @@ def test_the_demo_prints_the_tape_once_and_ends_with_the_verdict(
     output, _ = demo_run
     assert output.count("(sealed)") == 1, output
     lines = output.strip().splitlines()
-    assert lines[-1].startswith(f"verdict: fix step 4, where {REFUND_CALL} (blame φ "), lines[-1]
+    assert lines[-1].startswith("verdict: the tool result at step 1 (lookup_order"), lines[-1]
+    assert f"the agent went wrong at step 4, where {REFUND_CALL} (blame φ " in lines[-1]
     assert "at 95% confidence" in lines[-1]
     # The per-kind tables stay, above it.
     assert "re-drawn steps, by blame" in output and "observation interventions" in output

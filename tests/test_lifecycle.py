@@ -193,7 +193,7 @@ def test_a_complete_job_rerun_spends_nothing_unless_asked_for_more(
     assert again.exit_code == 0, again.output
     text = " ".join(again.output.split())
     assert "this job was complete: nothing run, nothing spent now" in text
-    assert "`--more` runs on" in text and "verdict: fix step 4" in text
+    assert "`--more` runs on" in text and "the agent went wrong at step 4" in text
     assert len(_rows(folder)) == rows
     assert json.loads((folder / "job.json").read_text())["runs"] == before["runs"]
 
@@ -209,7 +209,7 @@ def test_a_complete_job_rerun_spends_nothing_unless_asked_for_more(
     assert after["status"] == "complete", after["status"]
     more_note = "--more: the budget ended before every interval was within ±0.03"
     assert {"kind": "more", "severity": "info", "text": more_note, "figures": {}} in after["notes"]
-    assert after["verdict"].startswith("verdict: fix step 4"), after["verdict"]
+    assert "the agent went wrong at step 4" in after["verdict"], after["verdict"]
 
 
 def test_show_reprints_a_past_job_by_folder_or_id_and_json(
@@ -220,14 +220,14 @@ def test_show_reprints_a_past_job_by_folder_or_id_and_json(
     assert folder.name.startswith("refund_demo-")
     by_folder = cli.invoke(app, ["show", str(folder)], env=ENV)
     assert by_folder.exit_code == 0, by_folder.output
-    assert "verdict: fix step 4" in by_folder.output
+    assert "the agent went wrong at step 4" in by_folder.output
     assert "re-drawn steps, by blame" in by_folder.output
     by_name = cli.invoke(app, ["show", "refund_demo", "--out", str(out)], env=ENV)
-    assert by_name.exit_code == 0 and "verdict: fix step 4" in by_name.output
+    assert by_name.exit_code == 0 and "the agent went wrong at step 4" in by_name.output
     shown = json.loads(
         cli.invoke(app, ["show", folder.name, "--out", str(out), "--json"], env=ENV).stdout
     )
-    assert shown["job_id"] == folder.name and shown["verdict"].startswith("verdict: fix step 4")
+    assert shown["job_id"] == folder.name and "the agent went wrong at step 4" in shown["verdict"]
     assert {r["step"] for r in shown["attribution"] if r["rank"] == 1} >= {4}
     rerun = cli.invoke(app, ["attribute", str(job), "--out", str(out), "--json"], env=ENV)
     assert json.loads(rerun.stdout)["status"] == "complete"

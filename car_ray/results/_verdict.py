@@ -123,6 +123,7 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
                 for r in [top, *tied]
             ],
             "confidence": top.get("confidence"),
+            "root": root_cause(rows, tape),
         }
     others = [
         r
@@ -149,6 +150,45 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
             "confidence": r.get("confidence"),
         }
     return None
+
+
+# The interventions that change what the agent was given, not what it decided: one that clears
+# the failure names its root.
+ROOT_KINDS = ("observation", "context")
+
+
+def root_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] | None:
+    """The failure's root, where the job's interventions on what the agent was given show
+    one: the observation or context intervention with the highest flip-rate lower bound, if
+    that bound is above 0 (replacing that tool result, or editing that request, clears the
+    failure). None otherwise."""
+    arms = [
+        r for r in rows if r.get("intervention") in ROOT_KINDS and (r.get("flip_lo") or 0.0) > 0
+    ]
+    if not arms:
+        return None
+    r = min(arms, key=lambda r: (-r["flip_lo"], -(r.get("flip_rate") or 0.0), r["step"]))
+    return {
+        "intervention": r["intervention"],
+        "step": r["step"],
+        "what": _what(tape, r["step"], r.get("label") or ""),
+        "value": r.get("flip_rate"),
+        "low": r["flip_lo"],
+        "high": r.get("flip_hi"),
+    }
+
+
+def _root_text(root: Mapping[str, Any]) -> str:
+    """'the tool result at step 1 (lookup_order returned ...) is the root: replacing it clears
+    the failure 100% of the time [1.00, 1.00]'."""
+    step, what = root["step"], root["what"]
+    if root["intervention"] == "observation":
+        thing, act = f"the tool result at step {step} ({what})", "replacing it"
+    else:
+        thing, act = f"the request of model step {step} ({what})", "editing it"
+    clears = f"{root['value']:.0%} of the time" if root["value"] is not None else ""
+    span = f" [{root['low']:.2f}, {root['high']:.2f}]" if root["high"] is not None else ""
+    return f"{thing} is the root: {act} clears the failure {clears}{span}"
 
 
 def answer_of(
@@ -203,7 +243,9 @@ def verdict(
                 f"verdict: no step to blame{level}: no re-drawn step's blame is shown above 0 "
                 f"and every interval is within the job's target (the most: {parts[0]})"
             )
-        head = "fix " + " or ".join(parts)
+        root = top.get("root")
+        # With a root, the step to fix is where the agent went wrong on what it was given.
+        head = ("the agent went wrong at " if root else "fix ") + " or ".join(parts)
         if len(steps) > 1:
             head += " (not separated)"
         nec = first["necessity"]
@@ -214,7 +256,9 @@ def verdict(
         )
         if answer is not None and answer.kind in ("lead", "unanswered"):
             # The job's own test of the top did not pass: the leader is a lead, not a verdict.
-            head = "most likely " + " or ".join(parts)
+            head = ("most likely the agent went wrong at " if root else "most likely ") + (
+                " or ".join(parts)
+            )
             if len(steps) > 1:
                 head += " (not told apart)"
             unseen = f", with {answer.unexamined_text()}" if answer.unexamined else ""
@@ -222,6 +266,8 @@ def verdict(
                 f"; not separated from the other steps: {_ended(status)} first{unseen} "
                 "(see the notes)"
             )
+        if root:
+            head = f"{_root_text(root)}; {head}"
         return f"verdict: {head}{level}{tail}"
     s = steps[0]
     if answer is not None and answer.unexamined:
@@ -234,6 +280,10 @@ def verdict(
             if r.get("intervention") == "resample" and r.get("phi_hi") is not None
         ]
         lead = f"no re-drawn step showed blame (each φ at most {_up(max(room))}); " if room else ""
+    if top["intervention"] in ROOT_KINDS:
+        root = {"intervention": top["intervention"], **s}
+        blame = f"; {lead.removesuffix('; ')}" if lead else ""
+        return f"verdict: {_root_text(root)}{level}{blame}"
     return (
         f"verdict: {lead}the {top['intervention']} intervention at step {s['step']}, where "
         f"{s['what']}, flips the outcome {_span(s['value'], s['low'], s['high'])}{level}"
