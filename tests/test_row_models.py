@@ -210,8 +210,10 @@ def test_car_ray_show_reads_a_job_an_older_car_ray_wrote(old_output: Path) -> No
     assert shown.exit_code == 0, shown.output
     summary = json.loads(shown.stdout)
     assert summary["status"] == "budget_exhausted" and summary["spent"]["forks"] == 40
-    # It ended on its budget (its top never separated): a lead, not a step to fix.
-    assert summary["verdict"].startswith("verdict: most likely step 4")
+    # It ended on its budget (its top never separated): a lead, not a step to fix; the
+    # injected tool result it replaced is the root.
+    assert summary["verdict"].startswith("verdict: the tool result at step 1"), summary
+    assert "; most likely the agent went wrong at step 4, where" in summary["verdict"]
 
 
 def test_a_job_json_from_a_newer_car_ray_is_refused_naming_the_file(old_output: Path) -> None:
