@@ -54,8 +54,16 @@ for file in files:
 """
 
 
-def scenarios() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for p in (ROOT / "jobs").glob("*/job.toml"))
+def scenarios(base: str) -> list[str]:
+    """Every jobs/*/job.toml here that the base revision has too."""
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", base, "jobs"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    here = {str(p.relative_to(ROOT)) for p in (ROOT / "jobs").glob("*/job.toml")}
+    return sorted(here & set(listed))
 
 
 def ensure_tapes(files: list[str]) -> list[Path]:
@@ -100,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT / "same_forks.json")
     args = parser.parse_args(argv)
     console = make_console()
-    files = args.jobs or scenarios()
+    files = args.jobs or scenarios(args.base)
     tapes = ensure_tapes(files)
     seeds = list(range(args.seeds))
     caps: list[int | None] = [None, args.cap]

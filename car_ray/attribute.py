@@ -38,7 +38,7 @@ from .execute import (
     cluster_info,
     init_ray,
 )
-from .job import NOT_IDENTITY, Job
+from .job import Job, request_identity
 from .providers import PriceTable
 from .replay import BaseUrls, is_bad
 from .results import (
@@ -455,7 +455,7 @@ def _stale_code(out: str, job: Job, tape: Tape, job_id: str) -> str | None:
             continue
         if info is None or info.tape is None or info.tape.id != tape.tape_id:
             continue
-        if {k: v for k, v in info.request.items() if k not in NOT_IDENTITY} != request:
+        if request_identity(info.request) != request:
             continue
         old = info.code
         if not old:
@@ -794,6 +794,8 @@ def make_executor(
             requests_per_minute=settings.requests_per_minute,
             tokens_per_minute=settings.tokens_per_minute,
             max_attempts=settings.max_attempts,
+            hold=job.spec.hold,
+            decision_text=tuple(job.spec.decision_text),
             more_agents=tuple(
                 AgentCode(
                     agent_ref=other.spec.agent,
@@ -801,6 +803,8 @@ def make_executor(
                     search_path=tuple(str(p) for p in other.code_path()),
                     base_urls=other_urls.as_dict(),
                     pricing=other.spec.provider.pricing,
+                    hold=other.spec.hold,
+                    decision_text=tuple(other.spec.decision_text),
                 )
                 for other, other_urls in more
             ),

@@ -1,7 +1,7 @@
 """`car-ray bench`: accuracy against budget, car-ray's adaptive scheduler against uniform
 allocation, on every scenario whose exact values are known.
 
-For each scenario job (a simulated policy: `validate.suite()` by default) the exact values
+For each scenario job (a simulated policy: `validate.suite(heavy=True)` by default) the exact values
 are enumerated once (`truth.solve`). Then, for every budget of a log grid (F forks a step of
 the tape, rounded up: F in 1/4, 1/2, 1, 2, 4, 8; `--quick`: 1/2, 1, 4, 8; a budget is at most
 `max_budget` = 256 forks) and every attribution seed 0..R-1 (R = 20; `--quick`: 5), one
@@ -762,7 +762,7 @@ def main(
         if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
             console = Console(width=200)
     began = time.perf_counter()
-    paths = [Path(p) for p in job_files] if job_files else suite()
+    paths = [Path(p) for p in job_files] if job_files else suite(heavy=True)
     if scenarios:
         wanted = set(scenarios)
         paths = [p for p in paths if p.parent.name in wanted]

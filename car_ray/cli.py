@@ -456,6 +456,7 @@ def fork_cmd(
                 base_urls=urls,
                 upstream=AiohttpUpstream(),
                 api_keys=api_keys_from_env(),
+                decisions=job.decisions,
             )
             try:
                 runner.add_tape(tape)

@@ -22,7 +22,7 @@ from pydantic import (
 from ._canon import sha256_hex
 from ._files import UnreadableFile, read_regular_file
 from ._imports import ImportRefError, import_ref
-from .replay import Intervention
+from .replay import Decisions, Intervention
 
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
@@ -131,11 +131,22 @@ class JobSpec(BaseModel):
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     target_half_width: float = Field(default=0.1, gt=0.0, le=0.5)
     out: str = "out"
+    # What a model step's decision is (`replay.Decisions`): "actions" compares whole actions;
+    # "decisions" reads tool calls, and a text answer through `decision_text` (regexes whose
+    # groups, or whole match, are the decision; no match: the whole text).
+    hold: Literal["actions", "decisions"] = "actions"
+    decision_text: list[str] = Field(default_factory=list)
     interventions: list[InterventionEntry] = Field(
         default_factory=lambda: [InterventionEntry(kind="resample")]
     )
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
+
+    @field_validator("decision_text")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        Decisions.of("decisions", value)  # a pattern that does not compile is named here
+        return value
 
     @field_validator("method", mode="before")
     @classmethod
@@ -150,6 +161,21 @@ class JobSpec(BaseModel):
 
 
 AttributionRequest = JobSpec
+
+# Job-file keys added after job ids existed, with their defaults (`request_identity`).
+LATER_KEYS: dict[str, Any] = {"hold": "actions", "decision_text": []}
+
+
+def request_identity(request: dict[str, Any]) -> dict[str, Any]:
+    """A request (a job file's model as JSON, as job.json keeps it) as a job's identity sees
+    it: without `NOT_IDENTITY`'s keys, and without keys added after job ids existed that
+    hold their defaults (`LATER_KEYS`: earlier jobs keep their ids)."""
+    return {
+        k: v
+        for k, v in request.items()
+        if k not in NOT_IDENTITY and not (k in LATER_KEYS and v == LATER_KEYS[k])
+    }
+
 
 # Job-file keys that are not part of a job's identity: the same request under other caps,
 # another output or another provider is the same job (it resumes).
@@ -209,10 +235,15 @@ class Job:
         stem = self.path.stem if self.path.stem != "job" else self.folder.name
         return re.sub(r"[^A-Za-z0-9._-]+", "_", stem).strip("._-")[:40] or "job"
 
+    @property
+    def decisions(self) -> Decisions:
+        """How the job reads a model step's decision (`hold`, `decision_text`)."""
+        return Decisions.of(self.spec.hold, self.spec.decision_text)
+
     def request_identity(self) -> dict[str, Any]:
         """The request as a job's identity sees it: everything but how much it may spend,
         where it writes and which provider answers (`NOT_IDENTITY`)."""
-        return self.spec.model_dump(mode="json", exclude=set(NOT_IDENTITY))
+        return request_identity(self.spec.model_dump(mode="json"))
 
     def _sources(self) -> dict[str, tuple[str, str | None]]:
         """For each of the agent, scorer and policy that is set: its ref and the file its

@@ -59,13 +59,32 @@ class ScenarioCheck:
         return {**asdict(self), "passed": self.passed}
 
 
-def suite(root: Path = Path("jobs")) -> list[Path]:
-    """Every scenario job under `root`: a job.toml whose job has a simulated policy."""
+def suite(root: Path = Path("jobs"), *, heavy: bool = False) -> list[Path]:
+    """Every scenario job under `root`: a job.toml whose job has a simulated policy; with
+    `heavy` also those whose policy module's `SCENARIO` says `"heavy": True` (a tape of a
+    hundred steps: minutes to solve exactly, kept for `bench`)."""
     out = []
     for path in sorted(root.glob("*/job.toml")):
-        if load_job(path).spec.policy is not None:
-            out.append(path)
+        job = load_job(path)
+        if job.spec.policy is None:
+            continue
+        if not heavy and _scenario(job).get("heavy"):
+            continue
+        out.append(path)
     return out
+
+
+def _scenario(job: Job) -> dict[str, Any]:
+    """The job's scenario description (its policy module's `SCENARIO`), {} without one."""
+    from ._imports import ImportRefError, import_ref
+
+    assert job.spec.policy is not None
+    module = job.spec.policy.partition(":")[0]
+    try:
+        found = import_ref(f"{module}:SCENARIO", "scenario", job.search_path)
+    except ImportRefError:
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def _inside(value: float, lo: Any, hi: Any) -> bool:

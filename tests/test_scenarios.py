@@ -35,6 +35,15 @@ SCENARIOS = [
     "long_tape",
     "nightly",
 ]
+# The noisy suite (tests/test_noisy.py): each scenario above with every model step worded
+# several ways (`sim.Worded`), and the checklist reviews of 31 and 101 steps.
+NOISY = [f"{name}_noisy" for name in SCENARIOS if name != "nightly"] + [
+    "research_async_noisy",
+    "support_refund_noisy",
+    "checklist_sparse_30",
+    "checklist_sparse_100",
+    "checklist_dense",
+]
 STEP_COUNT = re.compile(r"the tape has (\d+) steps")
 LISTED_STEP = re.compile(r"(?<![\w.+])(\d+) (llm|tool)\b")
 
@@ -80,7 +89,7 @@ def test_every_scenario_folder_is_listed() -> None:
     found = {
         p.parent.name for p in (ROOT / "jobs").glob("*/policy.py") if "SCENARIO =" in p.read_text()
     }
-    assert found == set(SCENARIOS)
+    assert found == set(SCENARIOS) | set(NOISY)
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

@@ -29,6 +29,7 @@ from ..providers import PriceTable
 from ..replay import (
     AiohttpUpstream,
     BaseUrls,
+    Decisions,
     DivergenceError,
     ForkRunner,
     ForkSpec,
@@ -53,6 +54,8 @@ class AgentCode:
     search_path: tuple[str, ...]
     base_urls: dict[str, str]
     pricing: str | None = None
+    hold: str = "actions"  # what its job compares a fork's steps by (`replay.Decisions`)
+    decision_text: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,8 @@ class WorkerConfig:
     max_threads: int = 128
     max_attempts: int = 6  # of a call the provider fails (RetryPolicy)
     more_agents: tuple[AgentCode, ...] = ()
+    hold: str = "actions"
+    decision_text: tuple[str, ...] = ()
 
 
 class ForkWorker:
@@ -98,6 +103,8 @@ class ForkWorker:
                 config.search_path,
                 config.base_urls,
                 config.pricing,
+                config.hold,
+                config.decision_text,
             ),
             *config.more_agents,
         ]
@@ -178,6 +185,7 @@ def _runner(
         prices=PriceTable.load(Path(code.pricing) if code.pricing else None),
         api_keys=api_keys,
         max_threads=max_threads,
+        decisions=Decisions.of(code.hold, code.decision_text),
     )
 
 

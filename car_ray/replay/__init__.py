@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._context import AgentContext
+from ._decisions import ACTIONS, DecisionPatternError, Decisions
 from ._divergence import Difference, DivergenceError, json_diff
 from ._fork import (
     AgentFn,
@@ -58,6 +59,7 @@ from ._upstream import (
 )
 
 __all__ = [
+    "ACTIONS",
     "INTERVENTION_KINDS",
     "AgentContext",
     "AgentFn",
@@ -65,6 +67,8 @@ __all__ = [
     "BaseUrls",
     "BudgetCut",
     "ContextEdit",
+    "DecisionPatternError",
+    "Decisions",
     "Difference",
     "DivergenceError",
     "EditContext",

@@ -20,6 +20,7 @@ from .._usercode import UserCodeError
 from ..providers import PriceTable
 from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent, load_tape
 from ._context import AgentContext
+from ._decisions import ACTIONS, Decisions
 from ._divergence import DivergenceError
 from ._interventions import EditContext, ForceAction, Intervention, ReplaceObservation
 from ._run import (
@@ -292,8 +293,11 @@ class ForkRunner:
         prices: PriceTable | None = None,
         api_keys: Mapping[str, str] | None = None,
         max_threads: int = 256,
+        decisions: Decisions = ACTIONS,
     ) -> None:
         self.scorer = scorer
+        # What counts as a step's decision when a fork is compared with its tape.
+        self.decisions = decisions
         self._engine = _Engine(
             agent,
             upstream=upstream,
@@ -446,6 +450,7 @@ class ForkRunner:
             base_urls=self._engine.base_urls.as_dict(),
             prices=self._engine.prices,
             limit=limit,
+            decisions=self.decisions,
         )
         outcome = await self._engine.execute(run, tape.header.input)
         status: Status = "ok"
@@ -495,7 +500,7 @@ class ForkRunner:
             divergence=run.divergence.summary() if run.divergence else None,
             blocked_effect=run.blocked,
             error=error,
-            first_deviation=first_deviation(run.trajectory, tape),
+            first_deviation=first_deviation(run.trajectory, tape, self.decisions),
             fresh_draws=run.fresh_draws,
             provider_status=run.provider_failure.status if run.provider_failure else None,
         )

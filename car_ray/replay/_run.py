@@ -36,6 +36,7 @@ from ..providers import (
     estimate_usage,
 )
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
+from ._decisions import ACTIONS, Decisions
 from ._divergence import DivergenceError, json_diff
 from ._interventions import (
     EditContext,
@@ -220,23 +221,25 @@ def recorded_trajectory(tape: Tape) -> list[dict[str, Any]]:
     return out
 
 
-def first_deviation(trajectory: list[dict[str, Any]], tape: Tape) -> int | None:
-    """The first step at which a run did something other than the tape (another action,
-    another tool call or result, a step the tape does not have, or stopping early); None
-    when it reproduced the tape step for step."""
+def first_deviation(
+    trajectory: list[dict[str, Any]], tape: Tape, decisions: Decisions = ACTIONS
+) -> int | None:
+    """The first step at which a run did something other than the tape (another action, or
+    another decision where the job holds decisions; another tool call or result, a step the
+    tape does not have, or stopping early); None when it reproduced the tape step for step."""
     found: list[int] = [len(trajectory)] if len(trajectory) < len(tape.steps) else []
-    found += [int(entry["step"]) for entry in trajectory if _deviates(entry, tape)]
+    found += [int(entry["step"]) for entry in trajectory if _deviates(entry, tape, decisions)]
     return min(found, default=None)
 
 
-def _deviates(entry: dict[str, Any], tape: Tape) -> bool:
+def _deviates(entry: dict[str, Any], tape: Tape, decisions: Decisions = ACTIONS) -> bool:
     """Whether a trajectory entry differs from its step on the tape."""
     k = int(entry["step"])
     recorded = tape.steps[k] if k < len(tape.steps) else None
     if recorded is None or recorded.type != entry["kind"]:
         return True
     if isinstance(recorded, LlmEvent):
-        return bool(entry.get("action") != recorded.action)
+        return not decisions.same(entry.get("action"), recorded.action)
     return bool(
         entry["name"] != recorded.name
         or entry["arguments"] != recorded.arguments
@@ -296,6 +299,7 @@ class Run:
         base_urls: dict[str, str] | None = None,
         prices: PriceTable | None = None,
         limit: SpendLimit | None = None,
+        decisions: Decisions = ACTIONS,
     ) -> None:
         if (tape is None) == (writer is None):
             raise ValueError("a run either records (writer) or replays a tape (tape), not both")
@@ -307,6 +311,7 @@ class Run:
         self.seed = seed
         self.base_urls = base_urls or {}
         self.prices = prices or PriceTable()
+        self.decisions = decisions
         self.recorded_steps = tape.steps if tape is not None else []
         # The recording's seed: a held step whose request changed is answered again with the
         # recorded draw's randomness (None: unknown, so such a step draws fresh).
@@ -407,7 +412,8 @@ class Run:
         # may call this from its own threads: one at a time.
         with self._tape_lock:
             while self._checked < len(self.trajectory) and not self._left_tape:
-                self._left_tape = _deviates(self.trajectory[self._checked], self.tape)
+                entry = self.trajectory[self._checked]
+                self._left_tape = _deviates(entry, self.tape, self.decisions)
                 self._checked += 1
             return not self._left_tape
 

@@ -17,8 +17,10 @@ from ._policy import (
 )
 from ._run import READY_PREFIX, SimProcess, SimServer, serve
 from ._server import STATS_PATH, SimApp, error_body
+from ._worded import DECISION_TEXT, Worded, noisy_variant
 
 __all__ = [
+    "DECISION_TEXT",
     "READY_PREFIX",
     "STATS_PATH",
     "Distribution",
@@ -27,10 +29,12 @@ __all__ = [
     "SimApp",
     "SimProcess",
     "SimServer",
+    "Worded",
     "distribution_of",
     "draw",
     "error_body",
     "load_policy",
+    "noisy_variant",
     "serve",
     "uniform_for_seed",
 ]

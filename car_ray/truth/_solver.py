@@ -10,7 +10,7 @@ randomness, it answers exactly as the simulated provider would. So the semantics
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from urllib.parse import urlsplit
@@ -74,12 +74,30 @@ class _EnumeratingApp(SimApp):
     def choose(self, distribution: Distribution, seed: int | None) -> Action:
         if seed is not None and seed in self._held:
             return super().choose(distribution, seed)
-        options = tuple((p, a) for p, a in distribution if p > 0)
+        options = _merged(self.policy, tuple((p, a) for p, a in distribution if p > 0))
         i = len(self.trace)
         chosen = self.script[i] if i < len(self.script) else 0
         step = self._fresh_step.get(seed) if seed is not None else None
         self.trace.append(_Draw(step, options, chosen))
         return options[chosen][1]
+
+
+def _merged(
+    policy: ScenarioPolicy, options: tuple[tuple[float, Action], ...]
+) -> tuple[tuple[float, Action], ...]:
+    """The options of a draw with the actions the policy declares interchangeable for
+    everything downstream (`interchangeable(action)`: one key for alike actions, as the
+    wordings of `sim.Worded` are) merged into one, their probabilities summed: the solver
+    enumerates what can change an outcome, not every wording of it."""
+    key = getattr(policy, "interchangeable", None)
+    if key is None:
+        return options
+    merged: dict[Hashable, tuple[float, Action]] = {}
+    for p, action in options:
+        k = key(action)
+        total, first = merged.get(k, (0.0, action))
+        merged[k] = (total + p, first)
+    return tuple(merged.values())
 
 
 class _AppUpstream:
@@ -188,6 +206,7 @@ class Solver:
             base_urls=BaseUrls.recorded_in(tape),
             upstream=upstream,
             max_threads=1,
+            decisions=job.decisions,
         )
         self.runner.add_tape(tape)
         self.runs = 0
@@ -338,6 +357,7 @@ def sim_runner(job: Job, tape: Tape) -> ForkRunner:
         base_urls=BaseUrls.recorded_in(tape),
         upstream=_AppUpstream(SimApp(job.load("policy"))),
         max_threads=8,
+        decisions=job.decisions,
     )
     runner.add_tape(tape)
     return runner

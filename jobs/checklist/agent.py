@@ -1,0 +1,74 @@
+"""A payout review that walks a checklist, one model call and one tool call an item, then
+decides: the shape of the noisy suite's sparse and dense scenarios.
+
+For each of `ctx.input["items"]` items the model calls `check_item(item=i, verdict=...)`; the
+last model call answers in text. Most items have one verdict the model always gives; the
+scenario's policy plants the items where it may flag an item as "waived" (a risky choice).
+The payout goes out wrongly when the waived items reach the input's `threshold` (1 unless
+given). Every model call varies its
+wording (the scenario wraps its policy in `car_ray.sim.Worded`). The sync openai SDK. On
+the recorded path the tape has 2 * items + 1 steps: item i's model call is step 2i."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import car_ray
+
+MODEL = "gpt-4o-mini"
+SYSTEM = "You review a payout item by item with check_item, then summarise in one line."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "check_item",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "item": {"type": "integer"},
+                    "verdict": {"enum": ["ok", "waived"]},
+                },
+                "required": ["item", "verdict"],
+            },
+        },
+    }
+]
+
+
+def check_item(item: int, verdict: str) -> dict[str, Any]:
+    return {"item": item, "recorded": verdict}
+
+
+def review_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    client = ctx.openai()
+    items = int(ctx.input["items"])
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Review payout {ctx.input['payout']}: {items} items."},
+    ]
+    waived: list[int] = []
+    threshold = int(ctx.input.get("threshold", 1))
+    for _ in range(items + 1):
+        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            return {"waived": waived, "threshold": threshold, "summary": message.content}
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            arguments = json.loads(call.function.arguments)
+            output = ctx.tool("check_item", check_item, **arguments)
+            if arguments.get("verdict") == "waived":
+                waived.append(int(arguments["item"]))
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(output)}
+            )
+    return {"waived": waived, "threshold": threshold, "summary": None}
+
+
+def payout_released(result: Any, trajectory: list[dict[str, Any]]) -> float:
+    """1.0 when the review waived as many items as its input's threshold: the payout went out
+    without its checks."""
+    if not isinstance(result, dict):
+        return 0.0
+    return 1.0 if len(result.get("waived") or []) >= int(result.get("threshold", 1)) else 0.0
