@@ -46,6 +46,15 @@ class Answer(BaseModel):
     # from here; None when not projected.
     more_forks: int | None = None
     go_on: str | None = None
+    # What the provider does with a recorded draw's seed (`ProviderDraws`): coupled (the
+    # simulated provider's common random numbers: the held game exactly), replays (an
+    # identical request only), fresh (never) or unknown; None in files written before.
+    provider_draws: Literal["coupled", "replays", "fresh", "unknown"] | None = None
+
+    @property
+    def coupled(self) -> bool:
+        """Whether the held game was computed as defined (or the file does not say)."""
+        return self.provider_draws in (None, "coupled")
 
     @property
     def answered(self) -> bool:

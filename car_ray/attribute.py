@@ -154,6 +154,7 @@ def live_provider(job: Job) -> Iterator[BaseUrls]:
         latency_s=settings.sim_latency_ms / 1000,
         rate_429=settings.sim_rate_429,
         rate_5xx=settings.sim_rate_5xx,
+        draws=settings.sim_draws,
         search_path=job.code_path(),
     ) as sim:
         yield BaseUrls.for_server(sim.url)

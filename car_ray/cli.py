@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast, get_args
 
 import structlog
 import typer
@@ -1067,12 +1067,22 @@ def sim_serve(
     rate_429: Annotated[float, typer.Option(help="share of requests answered 429")] = 0.0,
     rate_5xx: Annotated[float, typer.Option(help="share of requests answered 5xx")] = 0.0,
     fault_seed: Annotated[int, typer.Option(help="seed of the fault draws")] = 0,
+    draws: Annotated[
+        str,
+        typer.Option(
+            help="what a seed does: coupled (common random numbers), seeded (an identical "
+            "request reproduces, as OpenAI), unseeded (never, as Anthropic)"
+        ),
+    ] = "coupled",
 ) -> None:
     """Serve the simulated OpenAI- and Anthropic-compatible provider."""
+    from .providers import Draws
     from .sim import serve
 
+    if draws not in get_args(Draws):
+        raise _fail(f"--draws {draws!r}: expected coupled, seeded or unseeded")
     sys.path.insert(0, os.getcwd())
-    serve(policy, host, port, latency_ms, rate_429, rate_5xx, fault_seed)
+    serve(policy, host, port, latency_ms, rate_429, rate_5xx, fault_seed, draws=cast(Draws, draws))
 
 
 @app.command("demo")
@@ -1176,25 +1186,49 @@ def validate_cmd(
         bool, typer.Option("--check", help="exit 1 if a scenario fails or coverage is low")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the summary as JSON")] = False,
+    draws: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="what the simulated provider does with a seed: coupled (the default), seeded "
+            "(as OpenAI), unseeded (as Anthropic); repeat it to run the suite under each"
+        ),
+    ] = None,
 ) -> None:
     """Every scenario through the real runner (embedded Ray, Parquet), scored against its
     exact values: top cause, negative controls, interval coverage."""
+    from .providers import Draws
     from .validate import dumps, summary, validate
 
+    modes = draws or ["coupled"]
+    bad = [m for m in modes if m not in get_args(Draws)]
+    if bad:
+        raise _fail(f"--draws {bad[0]!r}: expected coupled, seeded or unseeded")
     jobs = _scenario_jobs(job_files)
-    checks = validate(jobs, forks_per_step=forks_per_step, seed=seed, console=err)
-    result = summary(checks)
-    if as_json:
-        print(dumps(checks))
-    else:
+    checks = []
+    failed = False
+    lines = []
+    for mode in modes:
+        err.print(f"[bold]provider draws: {mode}[/]")
+        these = validate(
+            jobs, forks_per_step=forks_per_step, seed=seed, console=err, draws=cast(Draws, mode)
+        )
+        checks += these
+        result = summary(these)
         coverage = result["coverage"]
-        console.print(
+        lines.append(
             f"{result['passed']} of {result['scenarios']} scenarios passed; "
             f"{result['covered']}/{result['checked']} exact values covered "
             f"({'—' if coverage is None else f'{coverage:.1%}'}); {result['forks']} forks"
+            + (f" (provider draws: {mode})" if modes != ["coupled"] else "")
         )
-    low = result["coverage"] is not None and result["coverage"] < min_coverage
-    if check and (result["passed"] < result["scenarios"] or low):
+        low = result["coverage"] is not None and result["coverage"] < min_coverage
+        failed = failed or result["passed"] < result["scenarios"] or low
+    if as_json:
+        print(dumps(checks))
+    else:
+        for line in lines:
+            console.print(line, markup=False)
+    if check and failed:
         raise typer.Exit(1)
 
 

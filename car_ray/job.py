@@ -22,6 +22,7 @@ from pydantic import (
 from ._canon import sha256_hex
 from ._files import UnreadableFile, read_regular_file
 from ._imports import ImportRefError, import_ref
+from .providers import Draws
 from .replay import Decisions, Intervention
 
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
@@ -52,6 +53,12 @@ class ProviderSettings(BaseModel):
     )
     sim_rate_5xx: float = Field(
         default=0.0, ge=0, le=1, description="share of simulated answers that are 5xx"
+    )
+    sim_draws: Draws = Field(
+        default="coupled",
+        description="what the simulated provider does with a seed: coupled (common random "
+        "numbers), seeded (an identical request reproduces, as OpenAI), unseeded (never, as "
+        "Anthropic)",
     )
     max_attempts: int = Field(
         default=6,

@@ -23,6 +23,7 @@ from ._aio import run as run_loop
 from ._notes import Note
 from ._scenario import ensure_tape
 from .job import Job, load_job
+from .providers import Draws
 from .truth import Truth, solve
 
 TIE = 0.05  # exact phi this close to the best counts as a top cause too
@@ -50,6 +51,8 @@ class ScenarioCheck:
     # No step that chooses in some context (`Truth.players`) is shown as cleared (phi 0, no
     # rank) with a deviation bound that does not cover its exact phi.
     players_ok: bool = True
+    # What the simulated provider did with a seed (`validate`'s `draws`).
+    draws: str = "coupled"
 
     @property
     def passed(self) -> bool:
@@ -190,9 +193,12 @@ def validate(
     seed: int = 0,
     out: str | None = None,
     console: Console | None = None,
+    draws: Draws = "coupled",
 ) -> list[ScenarioCheck]:
-    """Attribute every scenario on an embedded Ray at `forks_per_step` forks a step and
-    score it against its exact values."""
+    """Attribute every scenario on an embedded Ray at `forks_per_step` forks a step, its
+    simulated provider answering seeds as `draws` says (the tapes are recorded as the
+    scenario's seed lands, on the coupled provider), and score it against its exact values
+    (those of the held game)."""
     from .attribute import attribute
 
     console = console or Console()
@@ -202,7 +208,9 @@ def validate(
         with tempfile.TemporaryDirectory(prefix="car-ray-validate-") as scratch:
             for path in job_files:
                 job = load_job(path)
-                job = Job(job.path, job.spec.model_copy(update={"attribution_seed": seed}))
+                provider = job.spec.provider.model_copy(update={"sim_draws": draws})
+                update = {"attribution_seed": seed, "provider": provider}
+                job = Job(job.path, job.spec.model_copy(update=update))
                 tape = ensure_tape(job, on_record=lambda line: console.print(line, markup=False))
                 truth = run_loop(solve(job, tape))
                 _, outcome = attribute(
@@ -222,6 +230,7 @@ def validate(
                     outcome.status,
                     len(tape.steps),
                 )
+                check.draws = draws
                 checks.append(check)
                 verdict = "[green]PASS[/]" if check.passed else "[bold red]FAIL[/]"
                 line = (

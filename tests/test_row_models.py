@@ -57,9 +57,19 @@ def _old_part() -> Path:
 # -- the fork row ---------------------------------------------------------------------------------
 
 
+# Columns added after the older parts were written: nullable, so those parts still read.
+ADDED = ("reproduced",)
+
+
 def test_the_derived_fork_schema_is_the_one_older_parts_were_written_with() -> None:
     written = pq.read_schema(_old_part())
-    assert written.equals(FORK_SCHEMA), written
+    added = [FORK_SCHEMA.field(name) for name in ADDED]
+    assert all(f.nullable for f in added)
+    kept = pa.schema([f for f in FORK_SCHEMA if f.name not in ADDED])
+    assert written.equals(kept), written
+    # An older part reads under today's schema, the added columns null.
+    old = pads.dataset([str(_old_part())], schema=FORK_SCHEMA, format="parquet").to_table()
+    assert old.num_rows and all(old.column(name).null_count == old.num_rows for name in ADDED)
     assert arrow_schema(ForkRecord) == FORK_SCHEMA
     # The widths and nulls the model's annotations carry: Int32, `X | None`, aware datetimes.
     assert FORK_SCHEMA.field("steps_intervened").type == pa.list_(pa.int32())
@@ -73,7 +83,8 @@ def test_the_derived_fork_schema_is_the_one_older_parts_were_written_with() -> N
 
 def test_a_job_resumes_on_fork_rows_an_older_car_ray_wrote(old_output: Path) -> None:
     before = ForkSink.existing(old_output, JOB).to_pylist()
-    old_rows = pq.read_table(_old_part()).to_pylist()
+    # The older part's rows, each with the columns added since as nulls.
+    old_rows = [r | dict.fromkeys(ADDED) for r in pq.read_table(_old_part()).to_pylist()]
     # The part's 40 rows, then the 3 its journal held (a killed driver's), each once.
     assert len(before) == 43 and before[:40] == old_rows
     assert [r["status"] for r in before[40:]] == ["provider_error"] * 3
@@ -86,12 +97,15 @@ def test_a_job_resumes_on_fork_rows_an_older_car_ray_wrote(old_output: Path) -> 
     forks = old_output / JOB / "forks"
     assert not (forks / "_journal.jsonl").exists()  # compacted into the new part
     parts = sorted(forks.glob("part-*.parquet"))
-    assert len(parts) == 2 and pq.read_schema(parts[1]).equals(pq.read_schema(parts[0]))
-    # Readers see one dataset, old and new parts alike.
-    table = pads.dataset(forks, format="parquet").to_table()
+    assert len(parts) == 2 and pq.read_schema(parts[1]).equals(FORK_SCHEMA)
+    # Readers see one dataset, old and new parts alike: the older part's added columns null.
+    table = pads.dataset(forks, format="parquet", schema=FORK_SCHEMA).to_table()
     assert table.num_rows == 44 and table.schema.equals(FORK_SCHEMA)
     counted = duckdb.sql(f"select count(*) from read_parquet('{forks}/*.parquet')").fetchall()
     assert counted == [(44,)]
+    both = f"read_parquet('{forks}/*.parquet', union_by_name = true)"
+    nulls = duckdb.sql(f"select count(*) from {both} where reproduced is null").fetchall()
+    assert nulls == [(44,)]
     after = ForkSink.existing(old_output, JOB).to_pylist()
     assert after[:40] == old_rows and {r["task_id"] for r in after} == {
         *(r["task_id"] for r in before),
@@ -100,10 +114,15 @@ def test_a_job_resumes_on_fork_rows_an_older_car_ray_wrote(old_output: Path) -> 
 
 
 def test_journal_lines_read_and_write_as_an_older_car_ray_wrote_them() -> None:
+    """An older journal line reads, and is written back with its own keys and values, the
+    columns added since as nulls."""
     lines = (OLD / "forks" / "_journal.jsonl").read_bytes().splitlines(keepends=True)
     assert len(lines) == 3
     for line in lines:
-        assert FORK_ROWS.to_json(FORK_ROWS.from_json(line)) == line
+        written = json.loads(FORK_ROWS.to_json(FORK_ROWS.from_json(line)))
+        old = json.loads(line)
+        assert set(written) == set(old) | set(ADDED) and not set(old) & set(ADDED)
+        assert {k: written[k] for k in old} == old and all(written[k] is None for k in ADDED)
 
 
 def test_a_new_column_is_one_line_in_the_model() -> None:

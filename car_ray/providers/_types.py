@@ -9,6 +9,11 @@ from typing import Any, Literal, Protocol
 ProviderName = Literal["openai", "anthropic"]
 # The header by which a fork seeds a live draw (the simulated provider honours it).
 SEED_HEADER = "x-car-ray-seed"
+# What a provider does with that seed (`car_ray.sim.SimApp` serves each): `coupled`, the same
+# seed lands on the same point of a changed request's distribution; `seeded`, an identical
+# request with the same seed answers the same and a changed one is an unrelated sample (as
+# OpenAI's `seed`); `unseeded`, every call is a fresh sample (as Anthropic).
+Draws = Literal["coupled", "seeded", "unseeded"]
 
 
 class ProviderFormatError(ValueError):

@@ -114,6 +114,9 @@ class ForkRow(BaseModel):
     fresh_draws: int = 0
     # A provider_error's final HTTP status (None: a timeout or a broken connection).
     provider_status: Int32 | None = None
+    # A `Reask` fork: whether the provider answered the re-asked request word for word as
+    # the tape has it (None: the fork re-asked nothing).
+    reproduced: bool | None = None
 
 
 @dataclass
@@ -503,6 +506,7 @@ class ForkRunner:
             first_deviation=first_deviation(run.trajectory, tape, self.decisions),
             fresh_draws=run.fresh_draws,
             provider_status=run.provider_failure.status if run.provider_failure else None,
+            reproduced=run.reproduced,
         )
         return row, run.trajectory
 

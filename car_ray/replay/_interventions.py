@@ -34,6 +34,17 @@ class Probe(_Intervention):
     kind: Literal["probe"] = "probe"
 
 
+class Reask(_Intervention):
+    """Ask a model step's request again and answer the agent with what the provider says:
+    with the recorded draw's seed (`seed="recorded"`) or a fresh one. The fork's row says
+    whether the answer was the recorded one word for word (`ForkRow.reproduced`). Not a
+    user's intervention: a job against a live provider sends a few before its forks to learn
+    whether the provider replays a draw (`car_ray.schedule.stages.ProviderDraws`)."""
+
+    kind: Literal["reask"] = "reask"
+    seed: Literal["recorded", "fresh"] = "recorded"
+
+
 class ForcedToolCall(_Intervention):
     name: str
     arguments: dict[str, Any] = Field(default_factory=dict)
@@ -176,7 +187,7 @@ class SwapPolicy(_Intervention):
 
 
 Intervention = Annotated[
-    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy | Probe,
+    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy | Probe | Reask,
     Field(discriminator="kind"),
 ]
 INTERVENTION_KINDS = ("resample", "action", "observation", "context", "policy")

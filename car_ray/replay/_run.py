@@ -43,6 +43,7 @@ from ._interventions import (
     ForceAction,
     Intervention,
     Probe,
+    Reask,
     ReplaceObservation,
     Resample,
     SwapPolicy,
@@ -317,6 +318,8 @@ class Run:
         # recorded draw's randomness (None: unknown, so such a step draws fresh).
         self.recorded_seed = tape.header.seed if tape is not None else None
         self.fresh_draws = 0
+        # A `Reask`: whether the provider answered it as the tape did (None: none was sent).
+        self.reproduced: bool | None = None
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
@@ -428,12 +431,11 @@ class Run:
         if isinstance(iv, Probe):
             # Re-drawn only while the run is on the tape, at its recorded request; elsewhere
             # it keeps its mechanism.
-            observed = body if body is not None else request.body.decode("utf-8", "replace")
             on_tape = (
                 self._on_tape()
                 and isinstance(recorded, LlmEvent)
                 and recorded.request.path == path
-                and digest_of(observed) == recorded.request.sha256
+                and self._recorded_request(body, request, recorded)
             )
             if on_tape:
                 return await self._live(k, request, body)
@@ -464,6 +466,8 @@ class Run:
                 )
             if isinstance(iv, ForceAction):
                 return self._forced(k, request, body, path, iv)
+            if isinstance(iv, Reask):
+                return await self._reask(k, request, body, recorded, iv)
             if isinstance(iv, EditContext):
                 if body is None:
                     raise InterventionError(f"step {k}: the request body is not JSON to edit")
@@ -484,12 +488,12 @@ class Run:
             return self._serve(k, recorded, "pinned")
         if self.plan.tail == "held" and self.swap is None:
             # The rest of the run keeps its mechanism: the recorded answer while the request
-            # is the recorded one, else an answer drawn with the recorded draw's randomness.
-            observed = body if body is not None else request.body.decode("utf-8", "replace")
+            # is the recorded one (decision for decision, where the job holds decisions),
+            # else an answer drawn with the recorded draw's randomness.
             if (
                 isinstance(recorded, LlmEvent)
                 and recorded.request.path == path
-                and digest_of(observed) == recorded.request.sha256
+                and self._recorded_request(body, request, recorded)
             ):
                 return self._serve(k, recorded, "held")
             if self.recorded_seed is not None:
@@ -497,6 +501,29 @@ class Run:
                     k, request, body, draw_seed=step_seed(self.recorded_seed, k)
                 )
         return await self._live(k, request, body)
+
+    def _recorded_request(self, body: Any, request: WireRequest, recorded: LlmEvent) -> bool:
+        """Whether a request is step's recorded one: byte for byte, or, where the job holds
+        decisions, made by a run that has taken every recorded decision so far (its words
+        may differ; that they do not change what the model decides is what holding
+        decisions assumes)."""
+        observed = body if body is not None else request.body.decode("utf-8", "replace")
+        if digest_of(observed) == recorded.request.sha256:
+            return True
+        return self.decisions.by_decision and self._on_tape()
+
+    async def _reask(
+        self, k: int, request: WireRequest, body: Any, recorded: Any, iv: Reask
+    ) -> WireResponse:
+        """Ask step k's request again (`Reask`) and note whether the answer is the tape's."""
+        if not isinstance(recorded, LlmEvent):
+            raise InterventionError(f"step {k} is not a model call on the tape: nothing to re-ask")
+        seed = None
+        if iv.seed == "recorded" and self.recorded_seed is not None:
+            seed = step_seed(self.recorded_seed, k)
+        response = await self._live(k, request, body, draw_seed=seed)
+        self.reproduced = self.trajectory[-1].get("action") == recorded.action
+        return response
 
     async def _send_fork_call(self, k: int, wire: WireRequest) -> WireResponse:
         """A fork's live call; a provider failure after the upstream's retries ends the fork
@@ -790,7 +817,7 @@ class Run:
                     prev="",
                 )
                 return replaced, "forced"
-            if isinstance(iv, ForceAction | EditContext):
+            if isinstance(iv, ForceAction | EditContext | Reask):
                 raise InterventionError(
                     f"step {k} is tool {name!r}: '{iv.kind}' applies to model calls; "
                     "use 'observation' to replace a tool's result"

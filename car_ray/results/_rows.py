@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from ..replay import ForkRow, Int32, IntBits
 
-Stage = Literal["verify", "controls", "screen", "race", "shapley", "arms", "uniform"]
+Stage = Literal["verify", "draws", "controls", "screen", "race", "shapley", "arms", "uniform"]
 StepKind = Literal["llm", "tool"]
 
 

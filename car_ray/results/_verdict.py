@@ -211,8 +211,31 @@ def verdict(
     job's `Answer`: a job that ended before its top separated names its most likely step(s)
     and says so; "no step to blame" only for an answered job with no step left unexamined;
     otherwise "not answered", with what was and was not examined and what would reach the
-    rest. A failed or stopped job (a status not in `RAN`) names no cause it did not show."""
+    rest. A failed or stopped job (a status not in `RAN`) names no cause it did not show.
+    A job on a provider that does not couple draws says that its held steps drew live once
+    their request changed (`Answer.provider_draws`)."""
     answer = answer_of(answer, status, notes)
+    line = _verdict(rows, tape, status, answer)
+    if answer is not None and not answer.coupled and line != "verdict: no step measured":
+        line += f"; {LIVE_AFTER_CHANGE} ({_DRAWS[answer.provider_draws or 'unknown']})"
+    return line
+
+
+# What a held step is on a provider that does not couple draws: the verdict's words.
+LIVE_AFTER_CHANGE = (
+    "held where the provider replays draws, live once a request changed: steps before a "
+    "cause may share its blame"
+)
+_DRAWS = {
+    "replays": "the provider replays an identical request only",
+    "fresh": "the provider replays no draw",
+    "unknown": "whether the provider replays a draw is not known",
+}
+
+
+def _verdict(
+    rows: Sequence[Row], tape: Tape | None, status: str | None, answer: Answer | None
+) -> str:
     top = top_cause(rows, tape)
     level = _level(rows)
     if status is not None and status not in RAN and status != "nothing_measured":

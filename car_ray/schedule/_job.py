@@ -164,9 +164,10 @@ class Scheduler:
             rules=rules,
             forks_left=self.forks_left,
             go_on=self.governor.go_on,
-            # The simulated provider honours seeds: a held fork with no fresh draw is then
+            # The simulated provider couples draws: a held fork with no fresh draw is then
             # deterministic, and one fork is its exact value.
-            honours_seed=self.spec.provider.base_url is None,
+            honours_seed=self.spec.provider.base_url is None
+            and self.spec.provider.sim_draws == "coupled",
             precise_only=precise_only,
         )
         self.plan = plan
@@ -435,6 +436,11 @@ class Scheduler:
         else:
             spent = self.governor.spent.forks + self.governor.carried.forks
             answer = held_answer(self.context, results, self.status, spent)
+        if self.context.honours_seed:
+            draws = "coupled"
+        else:
+            draws = results.draws.draws if results.draws is not None else "unknown"
+        answer = answer.model_copy(update={"provider_draws": draws})
         self.tick()
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress, answer)
 

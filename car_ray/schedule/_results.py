@@ -93,5 +93,17 @@ class ShapleyResult:
     notes: tuple[Note, ...] = ()
 
 
+@dataclass(frozen=True)
+class DrawsResult:
+    """What the provider was found to do with a recorded draw's seed (`Answer.provider_draws`):
+    `replays` (an identical request with it answered as recorded, a fresh seed did not),
+    `fresh` (it answered otherwise) or `unknown` (every step tried answered the same to
+    every seed); `reasks` the forks that asked."""
+
+    draws: str
+    reasks: int
+    notes: tuple[Note, ...] = ()
+
+
 # What a stage may hand back (none, one, or a Shapley result with its screen's).
-StageResult = ControlResult | FlipCounts | ScreenResult | ShapleyResult
+StageResult = ControlResult | FlipCounts | ScreenResult | ShapleyResult | DrawsResult

@@ -15,6 +15,7 @@ from ._context import Arm, JobContext
 from ._interval import Interval, wilson
 from ._results import (
     ControlResult,
+    DrawsResult,
     FlipCounts,
     ScreenResult,
     ShapleyResult,
@@ -35,6 +36,7 @@ class Results:
     uniform: FlipCounts | None = None
     screened: ScreenResult | None = None
     shapley: ShapleyResult | None = None
+    draws: DrawsResult | None = None
     notes: list[Note] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)  # the plan's stages, by name
 
@@ -50,6 +52,9 @@ class Results:
                     self.arms = result
             elif isinstance(result, ScreenResult):
                 self.screened = result
+            elif isinstance(result, DrawsResult):
+                self.draws = result
+                self.notes.extend(result.notes)
             else:
                 self.shapley = result
                 self.notes.extend(result.notes)

@@ -40,6 +40,8 @@ SIGN_PRIOR = 12.0
 CLEAR_GRID_RATIO = 1.15
 # -- the other arms -------------------------------------------------------------------------------
 ARM_FORKS = 8
+# -- what the provider does with a seed -----------------------------------------------------------
+DRAWS_STEPS = 3
 # -- budgets, reservations and the run loop -------------------------------------------------------
 DEFAULT_FORKS_PER_STEP = 10
 DEFAULT_MAX_FORKS = 2000
@@ -54,6 +56,14 @@ WAIT_S = 0.25
 _NOT_MEASURED = "not measured: a design choice"
 
 RECORD: dict[str, Evidence] = {
+    "DRAWS_STEPS": Evidence(
+        "model steps a job against a live provider re-asks (two forks each) before it says "
+        "it could not tell whether the provider replays a draw",
+        _NOT_MEASURED,
+        "this change",
+        "none (a step that answers the same to every seed says nothing; three in a row "
+        "that do are a tape that hardly varies)",
+    ),
     "SCREEN_FIRST": Evidence(
         "clean re-draws of every step after which the screen's first pass stops, having "
         "found nothing",

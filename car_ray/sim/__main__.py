@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ._run import LOOPBACK, serve
+from ._server import DRAWS
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate-5xx", type=float, default=0.0)
     parser.add_argument("--retry-after-ms", type=float, default=50.0)
     parser.add_argument("--fault-seed", type=int, default=0)
+    parser.add_argument("--draws", choices=DRAWS, default="coupled")
     parser.add_argument(
         "--path", type=Path, action="append", default=[], help="a folder to import from first"
     )
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             args.fault_seed,
             retry_after_ms=args.retry_after_ms,
             search_path=tuple(args.path),
+            draws=args.draws,
         )
     except (ValueError, OSError) as exc:
         # A bad policy reference, bad rates or a taken port: say so without a traceback.

@@ -20,6 +20,8 @@ from typing import IO, Any, Self
 
 import uvicorn
 
+from car_ray.providers import Draws
+
 from ._policy import ScenarioPolicy, load_policy
 from ._server import STATS_PATH, SimApp
 
@@ -103,6 +105,7 @@ class SimServer(_Endpoint):
         rate_5xx: float = 0.0,
         retry_after_s: float = 0.05,
         fault_seed: int = 0,
+        draws: Draws = "coupled",
         start_timeout_s: float = 10.0,
     ) -> None:
         self.app = SimApp(
@@ -112,6 +115,7 @@ class SimServer(_Endpoint):
             rate_5xx=rate_5xx,
             retry_after_s=retry_after_s,
             fault_seed=fault_seed,
+            draws=draws,
         )
         self.start_timeout_s = start_timeout_s
         self._server: uvicorn.Server | None = None
@@ -182,6 +186,7 @@ class SimProcess(_Endpoint):
         rate_5xx: float = 0.0,
         retry_after_s: float = 0.05,
         fault_seed: int = 0,
+        draws: Draws = "coupled",
         search_path: Sequence[Path] = (),
         start_timeout_s: float = 30.0,
     ) -> None:
@@ -205,6 +210,8 @@ class SimProcess(_Endpoint):
             repr(retry_after_s * 1000),
             "--fault-seed",
             str(fault_seed),
+            "--draws",
+            draws,
         ]
         for folder in search_path:
             self.command += ["--path", str(folder)]
@@ -314,6 +321,7 @@ def serve(
     *,
     retry_after_ms: float = 50.0,
     search_path: Sequence[Path] = (),
+    draws: Draws = "coupled",
 ) -> None:
     """Serve the policy named `module:attr` on host:port in the foreground until interrupted.
 
@@ -327,6 +335,7 @@ def serve(
         rate_5xx=rate_5xx,
         retry_after_s=retry_after_ms / 1000,
         fault_seed=fault_seed,
+        draws=draws,
     )
     sock = _bind(host, port)
     url = _url_of(sock)

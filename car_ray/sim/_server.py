@@ -8,13 +8,15 @@ import json
 import math
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import Any, get_args
 
+from car_ray._canon import digest_of
 from car_ray.providers import (
     SEED_HEADER,
     Action,
     ChatRequest,
     Codec,
+    Draws,
     ProviderFormatError,
     ProviderName,
     codec_for_path,
@@ -36,6 +38,8 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 STATS_PATH = "/_car_ray/stats"
+
+DRAWS: tuple[str, ...] = get_args(Draws)
 
 _ID_PREFIX: dict[ProviderName, str] = {"openai": "chatcmpl-", "anthropic": "msg_"}
 # Error `type`s as each provider spells them, by status.
@@ -63,9 +67,18 @@ def error_body(provider: ProviderName | None, status: int, message: str) -> byte
 class SimApp:
     """An ASGI app answering chat requests from `policy`, with optional latency, 429s and 5xx.
 
-    Faults come from an RNG seeded by `fault_seed`, independent of the action draw; a request
-    carrying `x-car-ray-seed: N` gets the action at `uniform_for_seed(N)`, so equal seeds give
-    equal actions (common random numbers across forks). Counters are public attributes.
+    Faults come from an RNG seeded by `fault_seed`, independent of the action draw. `draws`
+    is what a seed (`x-car-ray-seed: N`) does:
+
+    - `coupled` (the default): the action at `uniform_for_seed(N)` on the request's
+      distribution, so equal seeds give equal actions and a changed request with the recorded
+      seed lands on the same point of its new distribution (common random numbers);
+    - `seeded`, as OpenAI's `seed`: an identical request with the same seed answers the same,
+      a changed request is an unrelated sample;
+    - `unseeded`, as Anthropic (no seed): every call is a fresh sample, an identical request
+      with the recorded seed included.
+
+    Counters are public attributes.
     """
 
     def __init__(
@@ -77,7 +90,10 @@ class SimApp:
         rate_5xx: float = 0.0,
         retry_after_s: float = 0.05,
         fault_seed: int = 0,
+        draws: Draws = "coupled",
     ) -> None:
+        if draws not in DRAWS:
+            raise ValueError(f"draws={draws!r}: one of {', '.join(DRAWS)}")
         if not isinstance(policy, ScenarioPolicy):
             raise PolicyError(
                 f"{policy_name(policy)} is not a scenario policy: it needs a method "
@@ -100,6 +116,9 @@ class SimApp:
         # Two streams so that turning faults on or off never shifts which actions are drawn.
         self._fault_rng = random.Random(f"car-ray/sim/faults/{fault_seed}")
         self._action_rng = random.Random(f"car-ray/sim/actions/{fault_seed}")
+        self.draws = draws
+        # Unseeded: entropy from the system, so no two servers (nor two calls) share a draw.
+        self._unseeded_rng = random.SystemRandom()
         self.requests = 0
         self.served = 0
         self.rate_limited = 0
@@ -166,7 +185,7 @@ class SimApp:
 
         try:
             request = _parse(codec, body)
-            seed = _seed(headers)
+            seed = self._draw_seed(_seed(headers), body)
         except ProviderFormatError as exc:
             self.errors += 1
             return 400, [], error_body(provider, 400, str(exc))
@@ -189,6 +208,17 @@ class SimApp:
         self.served += 1
         content_type = "text/event-stream" if request.stream else "application/json"
         return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
+
+    def _draw_seed(self, seed: int | None, body: bytes) -> int | None:
+        """The seed the action is drawn with, as `draws` says."""
+        if seed is None or self.draws == "coupled":
+            return seed
+        if self.draws == "unseeded":
+            return self._unseeded_rng.getrandbits(60)
+        # Seeded: the request's canonical digest joins the seed (key order and spacing do
+        # not make another request; _parse has already checked that the body is JSON).
+        digest = digest_of(json.loads(body))
+        return int(hashlib.sha256(f"{seed}:{digest}".encode()).hexdigest()[:15], 16)
 
     def choose(self, distribution: Distribution, seed: int | None) -> Action:
         """The action answered: the one at the seed's uniform on the CDF (the server RNG's

@@ -350,12 +350,14 @@ def _stay(recorded_bad: bool, p_bad: float) -> float:
 
 def sim_runner(job: Job, tape: Tape) -> ForkRunner:
     """A ForkRunner whose live calls the job's simulated provider answers in this process
-    (no sockets): the engine's forks, exactly as over HTTP, for benchmarks and tests."""
+    (no sockets), answering seeds as the job's `sim_draws` says: the engine's forks, exactly
+    as over HTTP, for benchmarks and tests."""
+    app = SimApp(job.load("policy"), draws=job.spec.provider.sim_draws)
     runner = ForkRunner(
         job.load("agent"),
         job.load("scorer"),
         base_urls=BaseUrls.recorded_in(tape),
-        upstream=_AppUpstream(SimApp(job.load("policy"))),
+        upstream=_AppUpstream(app),
         max_threads=8,
         decisions=job.decisions,
     )

@@ -9,6 +9,7 @@ from ._arms import HeldArms
 from ._base import UNSCORED, BaseStage, Fork, Lead, Listed, Next, Stage
 from ._clearance import SHAPLEY_SEEDS, Clearance
 from ._control import CONTROL_HINT, HeldControl
+from ._draws import ProviderDraws
 from ._screen import HeldScreen
 from ._shapley import HeldShapley
 from ._uniform import Uniform
@@ -27,6 +28,7 @@ __all__ = [
     "Lead",
     "Listed",
     "Next",
+    "ProviderDraws",
     "Stage",
     "Uniform",
 ]

@@ -1,0 +1,136 @@
+"""What a provider that does not couple draws does to the answers: every scenario of
+`car-ray validate`'s suite (the noisy one included), its default job over attribution seeds,
+on the simulated provider drawing `coupled` (common random numbers: the held game exactly)
+and `seeded` (as OpenAI: an identical request with the same seed reproduces, a changed one
+is an unrelated sample), side by side in one run. Exact values are the held game's.
+
+    .venv/bin/python benchmarks/draws.py [--seeds 10] [--processes 2] [--jobs a,b]
+                                        [--draws coupled,seeded,unseeded]
+
+Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the exact top
+within validate's TIE, or for a control no step's interval above 0), the share that stopped on
+an answer, and the median forks. Figures go to benchmarks/results/draws.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from _common import ROOT, in_processes, make_console
+from rich.table import Table
+
+WAYS = ("coupled", "seeded")
+
+
+def _truth(job_file: str) -> list[int]:
+    from car_ray.bench import _quiet, _solve, top_exact
+    from car_ray.truth import Truth
+
+    _quiet()
+    return top_exact(Truth.model_validate_json(_solve(job_file)))
+
+
+def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
+    job_file, draws, seed, top = task
+    from car_ray.bench import _job_and_tape, _quiet, ended, top1
+    from car_ray.job import Job
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local
+
+    _quiet()
+    base, tape = _job_and_tape(job_file)
+    provider = base.spec.provider.model_copy(update={"sim_draws": draws})
+    spec = base.spec.model_copy(update={"attribution_seed": seed, "provider": provider})
+    began = time.perf_counter()
+    # The default job: validate's cap (10 forks a step).
+    outcome, _ = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
+    found, right = top1("auto", outcome.attribution, list(top))
+    return {
+        "job": base.folder.name,
+        "draws": draws,
+        "seed": seed,
+        "steps": len(tape.steps),
+        "forks": outcome.progress.spent.forks,
+        "ended": ended(outcome.answer, outcome.status),
+        "found": found,
+        "right": right,
+        "provider_draws": outcome.answer.provider_draws if outcome.answer else None,
+        "wall_s": round(time.perf_counter() - began, 2),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--jobs", default="", help="scenario folders, comma-separated")
+    parser.add_argument("--draws", default=",".join(WAYS))
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+    from car_ray.validate import suite
+
+    files = [str(p) for p in suite(ROOT / "jobs")]
+    if args.jobs:
+        wanted = set(args.jobs.split(","))
+        files = [f for f in files if Path(f).parent.name in wanted]
+    ways = args.draws.split(",")
+    began = time.perf_counter()
+    tops = dict(zip(files, in_processes(_truth, files, args.processes), strict=True))
+    tasks = [
+        (f, draws, seed, tuple(tops[f]))
+        for f in files
+        for draws in ways
+        for seed in range(args.seeds)
+    ]
+    results = in_processes(run, tasks, args.processes)
+    console = make_console()
+    table = Table(title=f"default jobs over {args.seeds} attribution seeds, by provider draws")
+    columns = ["scenario", "steps"]
+    for draws in ways:
+        columns += [f"{draws} top-1", f"{draws} answered", f"{draws} forks"]
+    for column in columns:
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+    summary: dict[str, Any] = {}
+    for f in files:
+        name = Path(f).parent.name
+        cells: list[str] = []
+        steps = 0
+        for draws in ways:
+            runs = [r for r in results if r["job"] == name and r["draws"] == draws]
+            steps = runs[0]["steps"]
+            answered = sum(r["ended"] in ("separated", "precise", "nothing") for r in runs)
+            right = sum(r["right"] for r in runs)
+            forks = median(r["forks"] for r in runs)
+            summary[f"{name}/{draws}"] = {
+                "right": right,
+                "answered": answered,
+                "median_forks": forks,
+                "runs": len(runs),
+            }
+            cells += [f"{right}/{len(runs)}", f"{answered}/{len(runs)}", f"{forks:g}"]
+        table.add_row(name, str(steps), *cells)
+    console.print(table)
+    for draws in ways:
+        runs = [r for r in results if r["draws"] == draws]
+        console.print(
+            f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
+            f"answered {sum(r['ended'] in ('separated', 'precise', 'nothing') for r in runs)}",
+            markup=False,
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "draws.json"
+    figures = {"seeds": args.seeds, "ways": ways, "summary": summary, "runs": results}
+    path.write_text(json.dumps(figures, indent=1))
+    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""What the provider does with a recorded draw's seed, asked before a job's forks."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import structlog
+
+from ..._notes import Note
+from ...execute import Row
+from ...replay import ForkSpec, Intervention, Reask
+from ...tape import LlmEvent
+from .._results import DrawsResult, StageResult
+from .._tuning import DRAWS_STEPS
+from ._base import BaseStage, Fork, Next
+
+log = structlog.get_logger("car_ray.schedule")
+
+# What each finding means for the counterfactual the job computes, for its note.
+_MEANING = {
+    "replays": "it answers an identical request with the recorded seed as recorded, and a "
+    "changed request is a new sample",
+    "fresh": "it answered a recorded request, re-asked with its recorded seed, otherwise than "
+    "the tape: no draw is replayed",
+    "unknown": "every step re-asked answered the same to the recorded seed and a fresh one, "
+    "so whether it replays a draw is not known; the job assumes it does not",
+}
+
+
+class ProviderDraws(BaseStage):
+    """Whether the provider replays a draw. A job whose provider is not the coupled simulated
+    one re-asks a model step's recorded request twice (`Reask`), with the recorded draw's
+    seed and with a fresh one, the last model step first and at most DRAWS_STEPS steps: the
+    recorded seed answering word for word where the fresh one does not is a provider that
+    replays draws (`replays`); the recorded seed answering otherwise, one that does not
+    (`fresh`); a step that answers the same to both says nothing (it may not vary), and the
+    next earlier one is asked. Either way the job computes the same thing: a held step keeps
+    its recorded answer while its request is the recorded one and draws live once it changed
+    (no provider but the coupled simulated one lands a changed request on the recorded
+    draw's point); the finding goes into the answer and the verdict says so. Hands back
+    `DrawsResult`."""
+
+    name = "draws"
+
+    def start(self) -> None:
+        steps = self.ctx.tape.steps
+        model = [k for k in range(len(steps) - 1, -1, -1) if isinstance(steps[k], LlmEvent)]
+        self._steps = deque(model[:DRAWS_STEPS])
+        self._queue: deque[Fork] = deque()
+        self._pending: dict[str, str] = {}  # task id -> "recorded" | "fresh"
+        self._answers: dict[str, bool | None] = {}
+        self._asked = 0
+        self._found: str | None = None if self._steps else "unknown"
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        if not self._queue and not self._pending:
+            if self._found is not None or not self._steps:
+                return None
+            k = self._steps.popleft()
+            self._answers = {}
+            for j, seed in enumerate(("recorded", "fresh")):
+                plan: dict[int, Intervention] = {k: Reask(seed=seed)}
+                spec = self.ctx.seeds.fork("draws", f"reask@{k}", plan, "held", j)
+                self._pending[spec.task_id] = seed
+                self._queue.append(("draws", spec))
+        given: list[Fork] = []
+        while self._queue and len(given) < room:
+            given.append(self._queue.popleft())
+        return given
+
+    def observe(self, row: Row) -> None:
+        seed = self._pending.pop(row["task_id"], None)
+        if seed is None:
+            return
+        self._asked += 1
+        self._answers[seed] = row["reproduced"]
+        if self._pending or self._queue:
+            return
+        recorded, fresh = self._answers.get("recorded"), self._answers.get("fresh")
+        if recorded is False:
+            self._found = "fresh"
+        elif recorded and fresh is False:
+            self._found = "replays"
+        # Both the same, or a fork that never answered: ask the next step.
+
+    def unrun(self, spec: ForkSpec) -> None:
+        if self._pending.pop(spec.task_id, None) is not None:
+            self._answers = {}
+
+    def done(self, exhausted: bool) -> Next:
+        if self._found is None:
+            self._found = "unknown"
+        log.info("provider_draws", found=self._found, reasks=self._asked)
+        return Next(end="budget_exhausted") if exhausted else Next()
+
+    def result(self) -> tuple[StageResult, ...]:
+        found = self._found or "unknown"
+        note = Note(
+            kind="provider_draws",
+            severity="info" if found == "replays" else "warning",
+            text=f"the provider does not couple draws: {_MEANING[found]} (found in "
+            f"{self._asked} re-ask(s), counted in the budget). A held step keeps its "
+            "recorded answer while its request is the recorded one"
+            + (", decision for decision" if self.ctx.spec.hold == "decisions" else "")
+            + ", and draws live once it changed: steps before a cause may share its blame",
+            figures={"reasks": self._asked},
+        )
+        return (DrawsResult(found, self._asked, (note,)),)
+
+    def state(self) -> dict[str, Any]:
+        return {"reasks": self._asked, "found": self._found}

@@ -1,0 +1,259 @@
+"""What a provider does with a recorded draw's seed: the simulated provider's three ways
+(`coupled`, `seeded` as OpenAI, `unseeded` as Anthropic), a job that finds out which before
+its forks (`ProviderDraws`, counted in the budget), says it in its answer and its verdict,
+and holds decisions on a provider that replays nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from car_ray._aio import run
+from car_ray.bench import _job_and_tape
+from car_ray.job import Job
+from car_ray.providers import SEED_HEADER, Draws
+from car_ray.replay import BaseUrls, ForkRunner, ForkSpec, Reask, Resample, record
+from car_ray.results import verdict
+from car_ray.schedule import Budget
+from car_ray.schedule._context import arm_key_of
+from car_ray.schedule.stages import ProviderDraws
+from car_ray.sim import SimApp, SimServer
+from car_ray.truth import run_local
+
+from .conftest import http_runner
+from .test_stages import _context
+
+COIN_BODY: dict[str, Any] = {
+    "model": "gpt-4o-mini",
+    "messages": [{"role": "user", "content": "Refund order A-1001?"}],
+}
+
+
+def _decisions(draws: Draws, bodies: list[dict[str, Any]], seeds: range) -> list[list[str]]:
+    """What the support policy answers each body with each seed, in process."""
+    from car_ray.job import load_job
+
+    app = SimApp(load_job("jobs/support_refund_noisy/job.toml").load("policy"), draws=draws)
+
+    async def ask(body: dict[str, Any], seed: int) -> str:
+        status, _, payload = await app.answer(
+            "/v1/chat/completions", {SEED_HEADER: str(seed)}, json.dumps(body).encode()
+        )
+        assert status == 200, payload
+        message = json.loads(payload)["choices"][0]["message"]
+        calls = [c["function"] for c in message.get("tool_calls") or []]  # ids aside
+        return json.dumps([message["content"], calls], sort_keys=True)
+
+    async def go() -> list[list[str]]:
+        return [[await ask(body, s) for s in seeds] for body in bodies]
+
+    return run(go())
+
+
+def test_the_simulated_provider_answers_a_seed_three_ways() -> None:
+    """coupled and seeded answer an identical request with the same seed alike, unseeded
+    never (1000 wordings); a request that differs only in its words is answered at the same
+    point by coupled (common random numbers) and by an unrelated draw by seeded."""
+    seeds = range(40)
+    reworded = {**COIN_BODY, "messages": [{"role": "user", "content": "Refund order A-1001 ?"}]}
+    for draws in ("coupled", "seeded", "unseeded"):
+        first, again, other = _decisions(draws, [COIN_BODY, COIN_BODY, reworded], seeds)
+        same = sum(a == b for a, b in zip(first, again, strict=True))
+        if draws == "unseeded":
+            # Independent draws of a decision worded many ways: a few agree by chance (the
+            # chance that more than 10 of 40 do is below 1e-6 at ten or more wordings).
+            assert same <= 10, same
+        else:
+            assert same == len(seeds), draws
+        if draws != "unseeded":
+            moved = sum(a != b for a, b in zip(first, other, strict=True))
+            # The policy does not read the words, so coupled lands on the same answer; seeded's
+            # two draws are independent and agree only by chance (a point mass decision worded
+            # many ways: at most one in ten of 40, at the fixed seeds 1).
+            if draws == "coupled":
+                assert moved == 0
+            else:
+                assert moved >= 36, moved
+    with pytest.raises(ValueError, match="draws='sometimes': one of coupled, seeded"):
+        SimApp(_job_and_tape("jobs/echo/job.toml")[0].load("policy"), draws="sometimes")  # type: ignore[arg-type]
+
+
+def _reask_rows(tmp_path: Path, recorded_on: Draws, asked_on: Draws) -> tuple[bool, bool]:
+    """Record jobs/echo_noisy against a provider drawing `recorded_on`, then re-ask its last
+    model step (four wordings) against one drawing `asked_on`, with the recorded seed and
+    with fresh ones (eight forks each: an unseeded provider repeats the tape's words in all
+    eight one time in 4^8): whether every re-ask with the recorded seed
+    reproduced the tape, and whether every fresh one did."""
+    job, _ = _job_and_tape("jobs/echo_noisy/job.toml")
+
+    async def go() -> tuple[bool, bool]:
+        with SimServer(job.load("policy"), draws=recorded_on) as sim:
+            tape, _ = await record(
+                job.load("agent"),
+                job.spec.agent,
+                job.spec.input,
+                tmp_path / f"{recorded_on}.tape",
+                base_urls=BaseUrls.for_server(sim.url),
+                seed=job.spec.seed,
+            )
+        last = max(k for k, e in enumerate(tape.steps) if e.type == "llm")
+        with SimServer(job.load("policy"), draws=asked_on) as sim:
+            runner = http_runner(job.load("agent"), job.load("scorer"), sim, tape)
+            try:
+                out: dict[str, list[bool | None]] = {"recorded": [], "fresh": []}
+                for seed, fork_seeds in (("recorded", range(8)), ("fresh", range(8))):
+                    for fork_seed in fork_seeds:
+                        plan: dict[int, Any] = {last: Reask(seed=seed)}
+                        spec = ForkSpec(
+                            tape_id=tape.tape_id, interventions=plan, tail="held", seed=fork_seed
+                        )
+                        row = await runner.run(spec)
+                        assert row.status == "ok", row
+                        out[seed].append(row.reproduced)
+                plan = {last: Resample()}
+                resampled = await runner.run(ForkSpec(tape_id=tape.tape_id, interventions=plan))
+                assert resampled.reproduced is None  # only a re-ask says
+            finally:
+                await runner.aclose()
+            assert None not in out["recorded"] + out["fresh"]
+            return all(out["recorded"]), all(out["fresh"])
+
+    return run(go())
+
+
+@pytest.mark.parametrize(
+    ("recorded_on", "asked_on", "replayed"),
+    [
+        ("seeded", "seeded", True),
+        ("coupled", "coupled", True),
+        # A tape recorded elsewhere: the provider's seed does not land on its draw.
+        ("coupled", "seeded", False),
+        ("unseeded", "unseeded", False),
+    ],
+)
+def test_a_reask_says_whether_the_provider_replayed_the_recorded_draw(
+    tmp_path: Path, recorded_on: Draws, asked_on: Draws, replayed: bool
+) -> None:
+    assert _reask_rows(tmp_path, recorded_on, asked_on) == (replayed, False)
+
+
+def _drive_draws(job: Job, tape: Any, answers: dict[str, list[bool]]) -> tuple[list[int], Any]:
+    """Run the ProviderDraws stage alone: the k-th re-ask with the recorded seed answers
+    `answers["recorded"][k]`, the fresh one `answers["fresh"][k]`."""
+    ctx = _context(job, tape)
+    stage = ProviderDraws(ctx)
+    stage.start()
+    asked: list[int] = []
+    count = {"recorded": 0, "fresh": 0}
+    while (got := stage.suggest(1)) is not None:
+        assert got, "nothing in flight: the stage must ask or be done"
+        ((name, spec),) = got
+        ((step, iv),) = spec.interventions.items()
+        assert name == "draws" and isinstance(iv, Reask) and spec.tail == "held"
+        assert arm_key_of(name, spec) == f"reask@{step}"
+        asked.append(step)
+        reproduced = answers[iv.seed][count[iv.seed]]
+        count[iv.seed] += 1
+        stage.observe({"task_id": spec.task_id, "reproduced": reproduced})
+    assert stage.done(False).end is None
+    (result,) = stage.result()
+    return asked, result
+
+
+def test_the_draws_stage_asks_the_last_model_steps_until_one_tells(
+    support_job: Job, support_tape: Any
+) -> None:
+    model = [k for k, e in enumerate(support_tape.steps) if e.type == "llm"][::-1]
+    # Replays: the recorded seed answers as the tape, a fresh one otherwise: two forks.
+    asked, result = _drive_draws(support_job, support_tape, {"recorded": [True], "fresh": [False]})
+    assert asked == [model[0]] * 2 and (result.draws, result.reasks) == ("replays", 2)
+    assert result.notes[0].severity == "info"
+    # Replays nothing: the recorded seed answers otherwise.
+    _, result = _drive_draws(support_job, support_tape, {"recorded": [False], "fresh": [False]})
+    assert result.draws == "fresh" and result.notes[0].severity == "warning"
+    # A step that answers the same to every seed says nothing: the next earlier one is asked,
+    # and after three such steps the job does not know.
+    asked, result = _drive_draws(
+        support_job, support_tape, {"recorded": [True, True, True], "fresh": [True, True, True]}
+    )
+    assert asked == [k for k in model[:3] for _ in range(2)]
+    assert (result.draws, result.reasks) == ("unknown", 6)
+    asked, result = _drive_draws(
+        support_job, support_tape, {"recorded": [True, True], "fresh": [True, False]}
+    )
+    assert result.draws == "replays" and asked == [model[0]] * 2 + [model[1]] * 2
+
+
+def _noisy(name: str, **provider: Any) -> tuple[Job, Any]:
+    job, tape = _job_and_tape(f"jobs/{name}/job.toml")
+    settings = job.spec.provider.model_copy(update=provider)
+    return Job(job.path, job.spec.model_copy(update={"provider": settings})), tape
+
+
+def test_a_job_on_a_provider_that_replays_nothing_says_so_in_its_answer_and_verdict() -> None:
+    """jobs/late_commit_noisy on a seeded provider (its tape was recorded on the coupled one,
+    so the recorded seed does not land on the recorded draw): the job re-asks before its
+    forks, counts them, answers `fresh`, and its verdict says what it computed. The same
+    job on the coupled provider asks nothing and says nothing."""
+    job, tape = _noisy("late_commit_noisy", sim_draws="seeded")
+    outcome, rows = run_local(job, tape, Budget(max_forks=120))
+    reasks = [r for r in rows if r["stage"] == "draws"]
+    assert len(reasks) == 2 and reasks[0]["reproduced"] is False
+    assert outcome.answer is not None and outcome.answer.provider_draws == "fresh"
+    assert outcome.progress.spent.forks == len(rows)
+    (note,) = [n for n in outcome.notes if n.kind == "provider_draws"]
+    assert "decision for decision" in note.text
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    assert line.endswith(
+        "held where the provider replays draws, live once a request changed: steps before a "
+        "cause may share its blame (the provider replays no draw)"
+    )
+    # The planted decision is still found: a re-worded step keeps the recorded answers after
+    # it, on any provider.
+    assert outcome.answer.top == [2]
+
+    job, tape = _noisy("late_commit_noisy")
+    outcome, rows = run_local(job, tape, Budget(max_forks=120))
+    assert not [r for r in rows if r["stage"] == "draws"]
+    assert outcome.answer is not None and outcome.answer.provider_draws == "coupled"
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    assert "replays" not in line
+
+
+async def _after_reworded(runner: ForkRunner, tape: Any, first: int, decisions: Any) -> list[Any]:
+    """For each of 12 forks re-drawing step `first` that took its recorded decision in other
+    words: where its later model steps' answers came from."""
+    recorded = tape.steps[first].action
+    seen = []
+    try:
+        for seed in range(12):
+            plan: dict[int, Any] = {first: Resample()}
+            spec = ForkSpec(tape_id=tape.tape_id, interventions=plan, tail="held", seed=seed)
+            _, trajectory = await runner.fork(spec)
+            mine = next(e for e in trajectory if e["step"] == first)
+            if mine["action"] == recorded or not decisions.same(mine["action"], recorded):
+                continue  # the same words, or another decision
+            later = [e for e in trajectory if e["kind"] == "llm" and e["step"] > first]
+            seen.append({e["source"] for e in later})
+    finally:
+        await runner.aclose()
+    return seen
+
+
+def test_holding_decisions_keeps_the_recorded_answers_after_a_reworded_step() -> None:
+    """On a provider that replays no draw, a fork whose re-drawn step took its recorded
+    decision in other words is served the tape's answers for every later model step (held,
+    decision for decision); holding actions, those steps draw live."""
+    from car_ray.truth._solver import sim_runner
+
+    by_decision = _noisy("late_commit_noisy")[0].decisions
+    for hold, later in (("decisions", {"held"}), ("actions", {"rederived"})):
+        job, tape = _noisy("late_commit_noisy", sim_draws="unseeded")
+        job = Job(job.path, job.spec.model_copy(update={"hold": hold}))
+        first = min(k for k, e in enumerate(tape.steps) if e.type == "llm")
+        seen = run(_after_reworded(sim_runner(job, tape), tape, first, by_decision))
+        assert seen, "no re-draw took the recorded decision in other words in 12 seeds"
+        assert all(s == later for s in seen), (hold, seen)
