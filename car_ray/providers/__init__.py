@@ -7,6 +7,7 @@ import os
 from ._anthropic import AnthropicMessagesCodec
 from ._openai import OpenAIChatCodec
 from ._pricing import DEFAULT_PRICING, Price, PriceTable
+from ._responses import OpenAIResponsesCodec, as_input_items, as_items, response_of
 from ._types import (
     SEED_HEADER,
     Action,
@@ -20,11 +21,15 @@ from ._types import (
     Usage,
     estimate_tokens,
     estimate_usage,
+    iter_sse_data,
 )
 
 OPENAI = OpenAIChatCodec()
 ANTHROPIC = AnthropicMessagesCodec()
-CODECS: tuple[Codec, ...] = (OPENAI, ANTHROPIC)
+RESPONSES = OpenAIResponsesCodec()
+CODECS: tuple[Codec, ...] = (OPENAI, ANTHROPIC, RESPONSES)
+# What car-ray reads, for a message about a call it cannot.
+READS = "POST .../chat/completions and POST .../responses (OpenAI), POST .../messages (Anthropic)"
 
 
 def codec_for_path(path: str) -> Codec | None:
@@ -47,6 +52,8 @@ __all__ = [
     "CODECS",
     "DEFAULT_PRICING",
     "OPENAI",
+    "READS",
+    "RESPONSES",
     "SEED_HEADER",
     "Action",
     "ChatRequest",
@@ -59,10 +66,14 @@ __all__ = [
     "ProviderName",
     "ToolCall",
     "Usage",
+    "as_input_items",
+    "as_items",
     "codec_for",
     "codec_for_path",
     "estimate_tokens",
     "estimate_usage",
+    "iter_sse_data",
+    "response_of",
 ]
 
 

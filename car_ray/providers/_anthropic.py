@@ -32,6 +32,7 @@ def _block_text(content: Any) -> str:
 class AnthropicMessagesCodec:
     provider: ProviderName = "anthropic"
     path_suffix = "/messages"
+    id_prefix = "msg_"
 
     def parse_request(self, body: dict[str, Any]) -> ChatRequest:
         raw_messages = body.get("messages")

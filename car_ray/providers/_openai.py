@@ -48,6 +48,7 @@ def _arguments(raw: Any, where: str) -> dict[str, Any]:
 class OpenAIChatCodec:
     provider: ProviderName = "openai"
     path_suffix = "/chat/completions"
+    id_prefix = "chatcmpl-"
 
     def parse_request(self, body: dict[str, Any]) -> ChatRequest:
         raw_messages = body.get("messages")

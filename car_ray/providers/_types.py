@@ -85,6 +85,7 @@ class Codec(Protocol):
 
     provider: ProviderName
     path_suffix: str
+    id_prefix: str  # how the provider's response ids start
 
     def parse_request(self, body: dict[str, Any]) -> ChatRequest: ...
 

@@ -106,24 +106,30 @@ class ContextEdit(_Intervention):
 
 class EditContext(_Intervention):
     """Edit an llm step's request (drop / replace / insert messages, regex over text), then
-    send it live."""
+    send it live. The messages are a chat request's `messages`, or a Responses request's
+    `input` items (a string input is one user message); a regex also edits the system
+    prompt (`system`, or `instructions`)."""
 
     kind: Literal["context"] = "context"
     edits: list[ContextEdit] = Field(min_length=1)
 
     def apply(self, body: dict[str, Any]) -> dict[str, Any]:
         edited = copy.deepcopy(body)
-        messages = edited.get("messages")
+        key = "messages" if "messages" in edited or "input" not in edited else "input"
+        if key == "input" and isinstance(edited["input"], str):
+            edited["input"] = [{"role": "user", "content": edited["input"]}]
+        messages = edited.get(key)
         if not isinstance(messages, list):
-            raise ValueError("the request has no 'messages' list to edit")
+            raise ValueError("the request has no 'messages' (or Responses 'input') list to edit")
+        system = "instructions" if key == "input" else "system"
         for edit in self.edits:
             if edit.op == "regex":
                 assert edit.pattern is not None
                 pattern = re.compile(edit.pattern)
-                before = (messages, edited.get("system"))
-                edited["messages"] = messages = _sub_strings(messages, pattern, edit.replacement)
-                if "system" in edited:
-                    edited["system"] = _sub_strings(edited["system"], pattern, edit.replacement)
+                before = (messages, edited.get(system))
+                edited[key] = messages = _sub_strings(messages, pattern, edit.replacement)
+                if system in edited:
+                    edited[system] = _sub_strings(edited[system], pattern, edit.replacement)
                 if not _matches(before, pattern):
                     # An edit that changes nothing would measure the unchanged step.
                     raise ValueError(
@@ -146,6 +152,11 @@ class EditContext(_Intervention):
         return edited
 
 
+# The keys whose values are text a regex edit reads and rewrites: a message's content and a
+# part's text, and a Responses function call's output.
+_TEXT_KEYS = ("content", "text", "output")
+
+
 def _matches(value: Any, pattern: re.Pattern[str]) -> bool:
     """Whether `pattern` finds any text `_sub_strings` would edit."""
     if isinstance(value, str):
@@ -153,7 +164,7 @@ def _matches(value: Any, pattern: re.Pattern[str]) -> bool:
     if isinstance(value, list | tuple):
         return any(_matches(v, pattern) for v in value)
     if isinstance(value, dict):
-        return any(_matches(v, pattern) for k, v in value.items() if k in ("content", "text"))
+        return any(_matches(v, pattern) for k, v in value.items() if k in _TEXT_KEYS)
     return False
 
 
@@ -165,7 +176,7 @@ def _sub_strings(value: Any, pattern: re.Pattern[str], replacement: str) -> Any:
     if isinstance(value, dict):
         # Only text is edited: keys, roles, ids and tool names stay as they are.
         return {
-            k: _sub_strings(v, pattern, replacement) if k in ("content", "text") else v
+            k: _sub_strings(v, pattern, replacement) if k in _TEXT_KEYS else v
             for k, v in value.items()
         }
     return value

@@ -28,12 +28,16 @@ from pydantic import BaseModel, ConfigDict
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
 from ..providers import (
+    RESPONSES,
     SEED_HEADER,
     Action,
     PriceTable,
     Usage,
+    as_input_items,
+    as_items,
     codec_for_path,
     estimate_usage,
+    response_of,
 )
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
 from ._decisions import ACTIONS, Decisions
@@ -320,6 +324,7 @@ class Run:
         self.fresh_draws = 0
         # A `Reask`: whether the provider answered it as the tape did (None: none was sent).
         self.reproduced: bool | None = None
+        self._by_response_id: dict[str, LlmEvent] | None = None
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
@@ -502,6 +507,48 @@ class Run:
                 )
         return await self._live(k, request, body)
 
+    def _explicit_conversation(self, body: Any) -> Any:
+        """A Responses request whose `previous_response_id` names a recorded answer: the
+        conversation it continues, given explicitly (the recorded request's input items, its
+        answer's output items, back to the first), with the request's own input after it.
+        A fork's provider never gave that answer (it was served from the tape), so it cannot
+        resolve the id; an answer drawn live in this fork keeps its id."""
+        if not isinstance(body, dict):
+            return body
+        previous = body.get("previous_response_id")
+        recorded = self._recorded_responses()
+        if previous not in recorded:
+            return body
+        items: list[Any] = []
+        chain: list[LlmEvent] = []
+        while previous in recorded and len(chain) <= len(recorded):
+            event = recorded[previous]
+            chain.append(event)
+            previous = (event.request.body or {}).get("previous_response_id")
+        for event in reversed(chain):
+            items += as_items((event.request.body or {}).get("input"))
+            answer = response_of(event.response.body_bytes, event.response.stream)
+            items += as_input_items(answer.get("output") or [])
+        rest = {k: v for k, v in body.items() if k != "previous_response_id"}
+        return {**rest, "input": items + as_items(body.get("input"))}
+
+    def _recorded_responses(self) -> dict[str, LlmEvent]:
+        """The tape's Responses answers by their id (computed once)."""
+        if self._by_response_id is None:
+            found: dict[str, LlmEvent] = {}
+            for event in self.recorded_steps:
+                if not isinstance(event, LlmEvent) or event.response.status != 200:
+                    continue
+                if codec_for_path(event.request.path) is not RESPONSES:
+                    continue
+                try:
+                    answer = response_of(event.response.body_bytes, event.response.stream)
+                except (ValueError, KeyError, TypeError):
+                    continue
+                found[str(answer.get("id"))] = event
+            self._by_response_id = found
+        return self._by_response_id
+
     def _recorded_request(self, body: Any, request: WireRequest, recorded: LlmEvent) -> bool:
         """Whether a request is step's recorded one: byte for byte, or, where the job holds
         decisions, made by a run that has taken every recorded decision so far (its words
@@ -624,6 +671,13 @@ class Run:
             self._diverge(k, "the run needs a live call but has no live provider (replay only)")
         assert self.upstream is not None
         codec = codec_for_path(urlsplit(request.url).path)
+        if codec is RESPONSES and not record:
+            expanded = self._explicit_conversation(body)
+            if expanded is not body:
+                body = expanded
+                request = WireRequest(
+                    request.method, request.url, request.headers, canonical_bytes(body)
+                )
         if self.swap is not None and codec is not None and body is not None:
             if self.swap.model is not None:
                 body = {**body, "model": self.swap.model}

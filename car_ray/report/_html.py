@@ -16,7 +16,7 @@ from typing import Any
 
 import plotly.io as pio  # type: ignore[import-untyped]
 
-from ..providers import codec_for
+from ..providers import codec_for, codec_for_path
 from ..results import JobInfo, verdict
 from ..results._output import write_whole
 from ..tape import LlmEvent, Tape, ToolEvent
@@ -386,9 +386,8 @@ def _badges(top_for: list[str]) -> str:
 def _reply(event: LlmEvent) -> dict[str, Any] | None:
     """What the model did: reassembled from the response body (JSON or SSE) by its codec."""
     try:
-        action, _usage = codec_for(event.provider).parse_response(
-            event.response.body_bytes, event.response.stream
-        )
+        codec = codec_for_path(event.request.path) or codec_for(event.provider)
+        action, _usage = codec.parse_response(event.response.body_bytes, event.response.stream)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return event.action
     return action.to_json()

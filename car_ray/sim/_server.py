@@ -8,19 +8,24 @@ import json
 import math
 import random
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from dataclasses import replace
 from typing import Any, get_args
 
 from car_ray._canon import digest_of
 from car_ray.providers import (
+    READS,
+    RESPONSES,
     SEED_HEADER,
     Action,
     ChatRequest,
     Codec,
     Draws,
+    Message,
     ProviderFormatError,
     ProviderName,
     codec_for_path,
     estimate_usage,
+    response_of,
 )
 
 from ._policy import (
@@ -41,7 +46,6 @@ STATS_PATH = "/_car_ray/stats"
 
 DRAWS: tuple[str, ...] = get_args(Draws)
 
-_ID_PREFIX: dict[ProviderName, str] = {"openai": "chatcmpl-", "anthropic": "msg_"}
 # Error `type`s as each provider spells them, by status.
 _OPENAI_ERROR_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "requests"}
 _ANTHROPIC_ERROR_TYPES = {
@@ -119,6 +123,8 @@ class SimApp:
         self.draws = draws
         # Unseeded: entropy from the system, so no two servers (nor two calls) share a draw.
         self._unseeded_rng = random.SystemRandom()
+        # Responses answers by id, for `previous_response_id`: the conversation each ended.
+        self._responses: dict[str, tuple[Message, ...]] = {}
         self.requests = 0
         self.served = 0
         self.rate_limited = 0
@@ -150,8 +156,7 @@ class SimApp:
             return
         codec = codec_for_path(path) if method == "POST" else None
         if codec is None:
-            message = f"car-ray sim has no route {method} {path}: POST .../chat/completions, "
-            message += f"POST .../messages or GET {STATS_PATH}"
+            message = f"car-ray sim has no route {method} {path}: {READS} or GET {STATS_PATH}"
             await _respond(send, 404, error_body(None, 404, message))
             return
         body = await _read_body(receive)
@@ -184,7 +189,7 @@ class SimApp:
             return status, [], error_body(provider, status, f"simulated server fault ({status})")
 
         try:
-            request = _parse(codec, body)
+            request = self._conversation(_parse(codec, body))
             seed = self._draw_seed(_seed(headers), body)
         except ProviderFormatError as exc:
             self.errors += 1
@@ -195,7 +200,7 @@ class SimApp:
             action = self.choose(distribution, seed)
             usage = estimate_usage(request, action)
             rendered = codec.render_response(
-                request, action, usage, self._response_id(provider, seed, body, action)
+                request, action, usage, self._response_id(codec, seed, body, action)
             )
         except PolicyError as exc:
             self.errors += 1
@@ -206,6 +211,8 @@ class SimApp:
             message += f"{type(exc).__name__}: {exc}"
             return 500, [], error_body(provider, 500, message)
         self.served += 1
+        if codec is RESPONSES:
+            self._remember(request, action, rendered)
         content_type = "text/event-stream" if request.stream else "application/json"
         return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
 
@@ -235,19 +242,54 @@ class SimApp:
             return 404, [], error_body(None, 404, f"car-ray sim has no route POST {path}")
         return await self._chat(codec, headers, body)
 
-    def _response_id(
-        self, provider: ProviderName, seed: int | None, body: bytes, action: Action
-    ) -> str:
+    def _conversation(self, request: ChatRequest) -> ChatRequest:
+        """A Responses request with `previous_response_id`: its instructions, the conversation
+        that response ended (without that request's instructions, which the API does not carry
+        over), then the request's own input, as the API keeps a conversation server-side."""
+        previous = request.raw.get("previous_response_id")
+        if previous is None:
+            return request
+        head, own = _instructions(request)
+        before = self._responses.get(str(previous))
+        if before is None:
+            raise ProviderFormatError(
+                f"Previous response with id {previous!r} not found (this simulated provider "
+                f"keeps the last {_KEPT_RESPONSES} responses it served)"
+            )
+        return replace(request, messages=(*head, *before, *own))
+
+    def _remember(self, request: ChatRequest, action: Action, rendered: bytes) -> None:
+        """Keep a served Responses answer's conversation for a later `previous_response_id`."""
+        response_id = str(response_of(rendered, request.stream)["id"])
+        turn = Message("assistant", action.text or "", action.tool_calls)
+        _, history = _instructions(request)
+        self._responses[response_id] = (*history, turn)
+        while len(self._responses) > _KEPT_RESPONSES:
+            self._responses.pop(next(iter(self._responses)))
+
+    def _response_id(self, codec: Codec, seed: int | None, body: bytes, action: Action) -> str:
         """Seeded: a hash of the request and the action drawn, so a fresh draw that lands on
         the recorded action answers byte for byte as the recording did (and the rest of a
         held fork is served from the tape); unseeded: the server RNG."""
-        if seed is None:
-            suffix = f"{self._action_rng.getrandbits(96):024x}"
+        if seed is None or self.draws == "unseeded":
+            suffix = f"{self._unseeded_rng.getrandbits(96):024x}"
         else:
             body_digest = hashlib.sha256(body).hexdigest()
             drawn = json.dumps(action.to_json(), sort_keys=True)
             suffix = hashlib.sha256(f"{body_digest}:{drawn}".encode()).hexdigest()[:24]
-        return _ID_PREFIX[provider] + suffix
+        return codec.id_prefix + suffix
+
+
+# Responses answers the simulated provider keeps for `previous_response_id`.
+_KEPT_RESPONSES = 50_000
+
+
+def _instructions(request: ChatRequest) -> tuple[tuple[Message, ...], tuple[Message, ...]]:
+    """A Responses request's messages split into its instructions (the codec puts them
+    first) and the rest."""
+    if request.raw.get("instructions") and request.messages:
+        return request.messages[:1], request.messages[1:]
+    return (), request.messages
 
 
 def _parse(codec: Codec, body: bytes) -> ChatRequest:
