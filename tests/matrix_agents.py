@@ -235,11 +235,82 @@ async def async_anthropic_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
     return {"answer": answer, "at": ctx.now(), "id": str(ctx.uuid4()), "r": ctx.random()}
 
 
+RESPONSES_TOOLS = [{"type": "function", **tool["function"]} for tool in OPENAI_TOOLS]
+
+
+def responses_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    """The Responses API, sync: the conversation kept by the provider (previous_response_id);
+    streaming through the SDK's `responses.stream` helper, which checks every event."""
+    stream = bool(ctx.input["stream"])
+    client = ctx.openai()
+
+    def turn(input: Any, previous: str | None) -> Any:
+        kwargs: dict[str, Any] = {
+            "model": "gpt-4o-mini",
+            "instructions": SYSTEM,
+            "input": input,
+            "tools": RESPONSES_TOOLS,
+        }
+        if previous is not None:
+            kwargs["previous_response_id"] = previous
+        if stream:
+            with client.responses.stream(**kwargs) as events:
+                return events.get_final_response()
+        return client.responses.create(**kwargs)
+
+    first = turn("Weather in Oslo?", None)
+    call = next(item for item in first.output if item.type == "function_call")
+    weather = ctx.tool(call.name, get_weather, **json.loads(call.arguments))
+    output = {
+        "type": "function_call_output",
+        "call_id": call.call_id,
+        "output": json.dumps(weather),
+    }
+    final = turn([output, {"role": "user", "content": FOLLOWUP}], first.id)
+    return {"answer": final.output_text, "at": ctx.now(), "id": str(ctx.uuid4()), "r": ctx.random()}
+
+
+async def async_responses_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    """The Responses API, async: the whole conversation sent each turn; streaming by
+    iterating `responses.create(stream=True)`'s events."""
+    stream = bool(ctx.input["stream"])
+    client = ctx.async_openai()
+    conversation: list[Any] = [{"role": "user", "content": "Weather in Oslo?"}]
+
+    async def turn() -> Any:
+        kwargs: dict[str, Any] = {
+            "model": "gpt-4o-mini",
+            "instructions": SYSTEM,
+            "input": conversation,
+            "tools": RESPONSES_TOOLS,
+        }
+        if not stream:
+            return await client.responses.create(**kwargs)
+        final = None
+        async for event in await client.responses.create(**kwargs, stream=True):
+            if event.type == "response.completed":
+                final = event.response
+        return final
+
+    first = await turn()
+    call = next(item for item in first.output if item.type == "function_call")
+    weather = await ctx.tool(call.name, aget_weather, **json.loads(call.arguments))
+    conversation += [item.model_dump(exclude_none=True) for item in first.output]
+    conversation.append(
+        {"type": "function_call_output", "call_id": call.call_id, "output": json.dumps(weather)}
+    )
+    conversation.append({"role": "user", "content": FOLLOWUP})
+    final = await turn()
+    return {"answer": final.output_text, "at": ctx.now(), "id": str(ctx.uuid4()), "r": ctx.random()}
+
+
 AGENTS = {
     ("openai", "sync"): openai_agent,
     ("openai", "async"): async_openai_agent,
     ("anthropic", "sync"): anthropic_agent,
     ("anthropic", "async"): async_anthropic_agent,
+    ("responses", "sync"): responses_agent,
+    ("responses", "async"): async_responses_agent,
 }
 
 

@@ -1,4 +1,6 @@
 """Forks of the demo tape: each intervention changes what it should and nothing before it.
+Every test runs on the demo over chat completions and over the Responses API with the
+conversation kept by the provider (jobs/support_refund_responses: previous_response_id).
 
 Exact probabilities come from jobs/support_refund/policy.py; frequencies over seeds are
 checked within 4 binomial standard deviations."""
@@ -7,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,10 +30,38 @@ from car_ray.replay import (
     SwapPolicy,
     recorded_trajectory,
 )
+from car_ray.job import Job, load_job
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 
-from .conftest import run
+from .conftest import http_runner, record_job, run
+
+
+@pytest.fixture(scope="module", params=["chat", "responses"])
+def support_tape(
+    request: pytest.FixtureRequest,
+    support_tape: Tape,
+    support_sim: SimServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Tape:
+    """The demo's tape, recorded by its chat agent or by its Responses agent."""
+    if request.param == "chat":
+        return support_tape
+    job = load_job("jobs/support_refund_responses/job.toml")
+    return record_job(job, support_sim, tmp_path_factory.mktemp("responses") / "demo.tape")
+
+
+@pytest.fixture(scope="module")
+def support_runner(
+    support_job: Job, support_sim: SimServer, support_tape: Tape
+) -> Iterator[ForkRunner]:
+    """A fork runner of this module's demo tape (its agent the one that recorded it)."""
+    job = support_job
+    if support_tape.header.agent != support_job.spec.agent:
+        job = load_job("jobs/support_refund_responses/job.toml")
+    r = http_runner(job.load("agent"), job.load("scorer"), support_sim, support_tape)
+    yield r
+    run(r.aclose())
 
 SEEDS = range(64)
 # jobs/support_refund/policy.py: P(refund | injected) = 0.8, P(refund | clean) = 0.05 both on
@@ -144,8 +175,13 @@ def test_context_edit_removes_the_injection_from_one_request(
         edits=[ContextEdit(op="regex", pattern=r"SYSTEM OVERRIDE:[^\"]*", replacement="")]
     )
     recorded_body = support_tape.steps[4].request.body  # type: ignore[union-attr]
-    assert "SYSTEM OVERRIDE" in str(recorded_body)
-    assert "SYSTEM OVERRIDE" not in str(edit.apply(recorded_body))
+    if "previous_response_id" in recorded_body:
+        # The injection is in the conversation the provider keeps, not in the request's own
+        # input: the fork sends the conversation explicitly, edited.
+        assert "SYSTEM OVERRIDE" not in str(recorded_body["input"])
+    else:
+        assert "SYSTEM OVERRIDE" in str(recorded_body)
+        assert "SYSTEM OVERRIDE" not in str(edit.apply(recorded_body))
     results = forks(support_runner, support_tape, {4: edit})
     for _, trajectory in results:
         assert_prefix_untouched(support_tape, trajectory, 4)

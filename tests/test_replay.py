@@ -23,7 +23,7 @@ from .conftest import http_runner, run
 
 CASES = [
     (provider, style, stream)
-    for provider in ("openai", "anthropic")
+    for provider in ("openai", "anthropic", "responses")
     for style in ("sync", "async")
     for stream in (False, True)
 ]
@@ -60,7 +60,7 @@ def test_record_then_replay_is_faithful(
     tape = _record(sim, tmp_path, provider, style, stream)
     llm = [e for e in tape.steps if isinstance(e, LlmEvent)]
     assert [e.type for e in tape.steps] == ["llm", "tool", "llm"]
-    assert {e.provider for e in llm} == {provider}
+    assert {e.provider for e in llm} == {"openai" if provider == "responses" else provider}
     assert all(e.response.stream is stream for e in llm)
     assert all(e.usage["input_tokens"] > 0 for e in llm)
     if stream:

@@ -33,7 +33,9 @@ from ._run import (
     Run,
     SpendLimit,
     Tail,
+    explicit_conversation,
     first_deviation,
+    recorded_responses,
     recorded_trajectory,
 )
 from ._upstream import AiohttpUpstream, Upstream
@@ -357,9 +359,11 @@ class ForkRunner:
                 and isinstance(event, LlmEvent)
                 and isinstance(event.request.body, dict)
             ):
-                # Tried on the recorded request: an edit that cannot apply is the user's error.
+                # Tried on the recorded request (with the conversation a Responses request
+                # continues): an edit that cannot apply is the user's error.
+                body = explicit_conversation(event.request.body, recorded_responses(steps))
                 try:
-                    iv.apply(event.request.body)
+                    iv.apply(body)
                 except ValueError as exc:
                     raise InterventionError(
                         f"step {k}: {exc} (see it with car-ray inspect TAPE --step {k})"

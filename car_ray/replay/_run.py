@@ -16,7 +16,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -226,6 +226,46 @@ def recorded_trajectory(tape: Tape) -> list[dict[str, Any]]:
     return out
 
 
+def recorded_responses(steps: Sequence[Any]) -> dict[str, tuple[Any, list[Any]]]:
+    """A tape's Responses answers by their id: the request and the answer's output items."""
+    found: dict[str, tuple[Any, list[Any]]] = {}
+    for event in steps:
+        if not isinstance(event, LlmEvent) or event.response.status != 200:
+            continue
+        if codec_for_path(event.request.path) is not RESPONSES:
+            continue
+        try:
+            answer = response_of(event.response.body_bytes, event.response.stream)
+        except (ValueError, KeyError, TypeError):
+            continue
+        found[str(answer.get("id"))] = (event.request.body, answer.get("output") or [])
+    return found
+
+
+def explicit_conversation(body: Any, known: Mapping[str, tuple[Any, list[Any]]]) -> Any:
+    """A Responses request whose `previous_response_id` is one of `known`'s answers: the
+    conversation it continues, given explicitly (each earlier request's input items and its
+    answer's output items, back to the first or to an answer not known), with the request's
+    own input after it, and no `previous_response_id` (unless the chain ends at an answer not
+    known, whose id it keeps)."""
+    if not isinstance(body, dict) or body.get("previous_response_id") not in known:
+        return body
+    previous = body.get("previous_response_id")
+    chain: list[tuple[Any, list[Any]]] = []
+    while isinstance(previous, str) and previous in known and len(chain) <= len(known):
+        request, output = known[previous]
+        chain.append((request, output))
+        previous = request.get("previous_response_id") if isinstance(request, dict) else None
+    items: list[Any] = []
+    for request, output in reversed(chain):
+        items += as_items(request.get("input") if isinstance(request, dict) else None)
+        items += as_input_items(output)
+    rest = {k: v for k, v in body.items() if k != "previous_response_id"}
+    if previous is not None:
+        rest["previous_response_id"] = previous
+    return {**rest, "input": items + as_items(body.get("input"))}
+
+
 def first_deviation(
     trajectory: list[dict[str, Any]], tape: Tape, decisions: Decisions = ACTIONS
 ) -> int | None:
@@ -324,7 +364,8 @@ class Run:
         self.fresh_draws = 0
         # A `Reask`: whether the provider answered it as the tape did (None: none was sent).
         self.reproduced: bool | None = None
-        self._by_response_id: dict[str, LlmEvent] | None = None
+        self._by_response_id: dict[str, tuple[Any, list[Any]]] | None = None
+        self._live_responses: dict[str, tuple[Any, list[Any]]] = {}
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
@@ -476,6 +517,9 @@ class Run:
             if isinstance(iv, EditContext):
                 if body is None:
                     raise InterventionError(f"step {k}: the request body is not JSON to edit")
+                if codec_for_path(path) is RESPONSES:
+                    # The context is the whole conversation, the provider's part included.
+                    body = self._explicit_conversation(body, every=True)
                 edited = iv.apply(body)
                 request = WireRequest(
                     request.method, request.url, request.headers, canonical_bytes(edited)
@@ -507,47 +551,30 @@ class Run:
                 )
         return await self._live(k, request, body)
 
-    def _explicit_conversation(self, body: Any) -> Any:
-        """A Responses request whose `previous_response_id` names a recorded answer: the
-        conversation it continues, given explicitly (the recorded request's input items, its
-        answer's output items, back to the first), with the request's own input after it.
-        A fork's provider never gave that answer (it was served from the tape), so it cannot
-        resolve the id; an answer drawn live in this fork keeps its id."""
-        if not isinstance(body, dict):
-            return body
-        previous = body.get("previous_response_id")
+    def _explicit_conversation(self, body: Any, *, every: bool = False) -> Any:
+        """`explicit_conversation` of a request of this run: a recorded answer's id is
+        resolved (a fork's provider never gave it: it was served from the tape); an answer
+        drawn live in this run keeps its id, unless `every` (a context edit, which must see
+        the whole context)."""
         recorded = self._recorded_responses()
-        if previous not in recorded:
+        known = {**recorded, **self._live_responses}
+        previous = body.get("previous_response_id") if isinstance(body, dict) else None
+        if previous not in (known if every else recorded):
             return body
-        items: list[Any] = []
-        chain: list[LlmEvent] = []
-        while previous in recorded and len(chain) <= len(recorded):
-            event = recorded[previous]
-            chain.append(event)
-            previous = (event.request.body or {}).get("previous_response_id")
-        for event in reversed(chain):
-            items += as_items((event.request.body or {}).get("input"))
-            answer = response_of(event.response.body_bytes, event.response.stream)
-            items += as_input_items(answer.get("output") or [])
-        rest = {k: v for k, v in body.items() if k != "previous_response_id"}
-        return {**rest, "input": items + as_items(body.get("input"))}
+        return explicit_conversation(body, known)
 
-    def _recorded_responses(self) -> dict[str, LlmEvent]:
-        """The tape's Responses answers by their id (computed once)."""
+    def _recorded_responses(self) -> dict[str, tuple[Any, list[Any]]]:
         if self._by_response_id is None:
-            found: dict[str, LlmEvent] = {}
-            for event in self.recorded_steps:
-                if not isinstance(event, LlmEvent) or event.response.status != 200:
-                    continue
-                if codec_for_path(event.request.path) is not RESPONSES:
-                    continue
-                try:
-                    answer = response_of(event.response.body_bytes, event.response.stream)
-                except (ValueError, KeyError, TypeError):
-                    continue
-                found[str(answer.get("id"))] = event
-            self._by_response_id = found
+            self._by_response_id = recorded_responses(self.recorded_steps)
         return self._by_response_id
+
+    def _keep_response(self, body: Any, response: WireResponse, stream: bool) -> None:
+        """Keep a Responses answer drawn live in this run, by its id (`_explicit_conversation`)."""
+        try:
+            answer = response_of(response.body, stream)
+        except (ValueError, KeyError, TypeError):
+            return
+        self._live_responses[str(answer.get("id"))] = (body, answer.get("output") or [])
 
     def _recorded_request(self, body: Any, request: WireRequest, recorded: LlmEvent) -> bool:
         """Whether a request is step's recorded one: byte for byte, or, where the job holds
@@ -712,6 +739,8 @@ class Run:
         stream = bool(isinstance(body, dict) and body.get("stream"))
         action: Action | None = None
         usage = Usage()
+        if codec is RESPONSES and response.status == 200:
+            self._keep_response(body, response, stream)
         if codec is not None and response.status == 200:
             try:
                 action, usage = codec.parse_response(response.body, stream)
