@@ -115,8 +115,15 @@ def _interrupted_text(rows: int) -> str:
 
 def check_tape(job: Job, tape: Tape) -> float:
     """Before anything starts: the tape was recorded by the job's agent, and its recorded
-    outcome is bad (there is something to explain). Returns the recorded outcome; one-line
-    `ValueError` otherwise."""
+    outcome is bad (there is something to explain), and it has a model step (what car-ray
+    re-draws). Returns the recorded outcome; one-line `ValueError` otherwise."""
+    if not any(isinstance(step, LlmEvent) for step in tape.steps):
+        raise ValueError(
+            f"{tape.path} has no model step ({len(tape.steps)} tool steps): car-ray blames a "
+            "run's model calls, and none reached it. Build the agent's client with ctx "
+            "(ctx.openai(), ctx.anthropic(), or http_client=ctx.http_client and "
+            "base_url=ctx.base_url(...) for a framework's), then record the tape again"
+        )
     if tape.header.agent != job.spec.agent and not _replays(job, tape):
         raise ValueError(
             f"{tape.path} was recorded by agent {tape.header.agent!r}, but {job.path} runs "

@@ -37,6 +37,7 @@ from .replay import (
     ForkSpec,
     Intervention,
     InterventionError,
+    RecordingRefused,
     is_bad,
     record,
 )
@@ -341,9 +342,20 @@ def record_cmd(
             tape, outcome = run_loop(go(run_seed, force or attempt > 0))
         except FileExistsError as exc:
             raise _fail(f"{exc} (pass --force to replace it)") from None
+        except RecordingRefused as exc:
+            raise _fail(str(exc)) from None
         score = _recorded_score(job, tape)
         if not until_bad or is_bad(score):
             break
+        if outcome.error is not None:
+            # A crash is not a run that went well: recording again would hide it.
+            console.print(_steps_table(tape))
+            raise _fail(
+                f"seed {tape.header.seed}: the agent raised {outcome.error!r} (score "
+                f"{score:.2f}, not bad); --until-bad stops at an agent's error: fix the agent, "
+                f"or see its steps in {path}",
+                code=1,
+            )
         _plain(f"seed {tape.header.seed}: score {score:.2f}, not bad; recording again")
     if show:
         console.print(_steps_table(tape))

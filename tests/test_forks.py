@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from car_ray.job import Job, load_job
 from car_ray.providers import PriceTable, Usage
 from car_ray.replay import (
     ContextEdit,
@@ -30,7 +31,6 @@ from car_ray.replay import (
     SwapPolicy,
     recorded_trajectory,
 )
-from car_ray.job import Job, load_job
 from car_ray.sim import SimServer
 from car_ray.tape import Tape
 
@@ -62,6 +62,7 @@ def support_runner(
     r = http_runner(job.load("agent"), job.load("scorer"), support_sim, support_tape)
     yield r
     run(r.aclose())
+
 
 SEEDS = range(64)
 # jobs/support_refund/policy.py: P(refund | injected) = 0.8, P(refund | clean) = 0.05 both on

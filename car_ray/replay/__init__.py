@@ -13,6 +13,7 @@ from ._fork import (
     ForkSpec,
     Int32,
     IntBits,
+    RecordingRefused,
     RunResult,
     ScorerFn,
     is_bad,
@@ -49,6 +50,7 @@ from ._run import (
     recorded_trajectory,
     step_seed,
 )
+from ._tripwire import Tripwire, tripwire
 from ._upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -88,6 +90,7 @@ __all__ = [
     "Probe",
     "RateLimiter",
     "Reask",
+    "RecordingRefused",
     "ReplaceObservation",
     "Resample",
     "RetryPolicy",
@@ -98,6 +101,7 @@ __all__ = [
     "SwapPolicy",
     "Tail",
     "ToolFailed",
+    "Tripwire",
     "Upstream",
     "WireRequest",
     "WireResponse",
@@ -112,4 +116,5 @@ __all__ = [
     "score_run",
     "seal_recording",
     "step_seed",
+    "tripwire",
 ]

@@ -33,11 +33,13 @@ from ._run import (
     Run,
     SpendLimit,
     Tail,
+    UnreadableCall,
     explicit_conversation,
     first_deviation,
     recorded_responses,
     recorded_trajectory,
 )
+from ._tripwire import tripwire
 from ._upstream import AiohttpUpstream, Upstream
 
 log = structlog.get_logger("car_ray.fork")
@@ -208,7 +210,7 @@ class _Engine:
             else:
                 loop = asyncio.get_running_loop()
                 result = await loop.run_in_executor(self._threads, self.agent, ctx)
-        except (EffectBlocked, ForkAborted, BudgetCut, ProviderFailed) as exc:
+        except (EffectBlocked, ForkAborted, BudgetCut, ProviderFailed, UnreadableCall) as exc:
             error = exc
         except Exception as exc:
             error = exc
@@ -253,11 +255,27 @@ async def record(
         base_urls=base_urls.as_dict(),
     )
     try:
-        outcome = await engine.execute(run, input)
+        with tripwire() as tripped:
+            outcome = await engine.execute(run, input)
+            around = tripped.calls
     finally:
         await engine.aclose(upstream=owned)
     seal_recording(writer, outcome.result, outcome.error)
+    if around and run.unreadable is None:
+        run.unreadable = f"{around[0]} went around car-ray's transport ({len(around)} such calls)"
+    if run.unreadable is not None:
+        raise RecordingRefused(
+            f"{path}: {run.unreadable}; the recording stopped there (the tape keeps the steps "
+            "before it, sealed with the error). Make the call through a client car-ray "
+            "records: ctx.openai() / ctx.async_openai() / ctx.anthropic(), or pass "
+            "http_client=ctx.http_client and base_url=ctx.base_url(...) to your own"
+        )
     return load_tape(path), outcome
+
+
+class RecordingRefused(ValueError):
+    """A recording that made a call car-ray cannot read as a model step; names the step, the
+    call and what to do."""
 
 
 def recording_header(

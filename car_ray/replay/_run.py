@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
 from ..providers import (
+    READS,
     RESPONSES,
     SEED_HEADER,
     Action,
@@ -70,6 +71,13 @@ class EffectBlocked(BaseException):
     """Raised into the agent when a fork would run an effectful tool: the fork ends here.
 
     A BaseException so that an agent's `except Exception` cannot swallow it."""
+
+
+class UnreadableCall(BaseException):
+    """Raised into the agent when, recording, it makes a call car-ray cannot read as a model
+    step (an endpoint it does not know, or an answer it cannot parse): the recording ends
+    there, never with a step that "answered nothing". A BaseException so that an agent's
+    `except Exception` cannot swallow it."""
 
 
 class ForkAborted(BaseException):
@@ -364,6 +372,8 @@ class Run:
         self.fresh_draws = 0
         # A `Reask`: whether the provider answered it as the tape did (None: none was sent).
         self.reproduced: bool | None = None
+        # Recording: the call car-ray could not read, which ended it (`UnreadableCall`).
+        self.unreadable: str | None = None
         self._by_response_id: dict[str, tuple[Any, list[Any]]] | None = None
         self._live_responses: dict[str, tuple[Any, list[Any]]] = {}
         self.step = 0
@@ -470,6 +480,11 @@ class Run:
         path = urlsplit(request.url).path
         body = _json_or_none(request.body)
         if self.recording:
+            if codec_for_path(path) is None:
+                self._refuse(
+                    k,
+                    f"{request.method} {path} is not a model call car-ray reads (it reads {READS})",
+                )
             response = await self._live(k, request, body, record=True)
             return response
         recorded = self._recorded(k)
@@ -550,6 +565,12 @@ class Run:
                     k, request, body, draw_seed=step_seed(self.recorded_seed, k)
                 )
         return await self._live(k, request, body)
+
+    def _refuse(self, k: int, reason: str) -> NoReturn:
+        """End a recording at a call car-ray cannot read (`UnreadableCall`)."""
+        self.unreadable = f"step {k}: {reason}"
+        log.warning("unreadable_call", step=k, reason=reason)
+        raise UnreadableCall(self.unreadable)
 
     def _explicit_conversation(self, body: Any, *, every: bool = False) -> Any:
         """`explicit_conversation` of a request of this run: a recorded answer's id is
@@ -750,6 +771,9 @@ class Run:
                     usage = estimate_usage(codec.parse_request(body), action)
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("unparsed_response", step=k, error=str(exc))
+                if record:
+                    what = urlsplit(request.url).path
+                    self._refuse(k, f"the answer to POST {what} is not one car-ray reads ({exc})")
         model = model_of(body)
         fields = {
             "provider": codec.provider if codec else "http",
