@@ -27,7 +27,9 @@ if TYPE_CHECKING:  # the names below, for type checkers (redundant aliases: re-e
     from .replay import ReplaceObservation as ReplaceObservation
     from .replay import Resample as Resample
     from .replay import SwapPolicy as SwapPolicy
+    from .replay import current_context as current_context
     from .replay import record as record
+    from .replay import tool as tool
     from .tape import Tape as Tape
     from .tape import TapeError as TapeError
     from .tape import load_tape as load_tape
@@ -50,7 +52,9 @@ _WHERE = {
             "ReplaceObservation",
             "Resample",
             "SwapPolicy",
+            "current_context",
             "record",
+            "tool",
         ),
         ".replay",
     ),

@@ -14,7 +14,7 @@ import inspect
 import os
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -37,6 +37,7 @@ from ..replay import (
     score_run,
     seal_recording,
 )
+from ..replay._current import enter_run, leave_run
 from ..tape import TapeWriter, ToolError
 from ._loop import RECORDING_LOOP, OnLoop
 from ._marks import TAPE_SUFFIX, MarkedBy, MarkStatus, RunMark, mark_tape, write_mark
@@ -379,6 +380,7 @@ class RunScope:
         self.input = input
         self.seed = seed if seed is not None else recording.seed
         self.run: RecordedRun | None = None
+        self._current: Token[AgentContext | None] | None = None  # `car_ray.tool`
 
     def _open(self, loop: asyncio.AbstractEventLoop, upstream: Upstream) -> RecordedRun:
         self.run = RecordedRun(
@@ -389,6 +391,7 @@ class RunScope:
             loop=loop,
             upstream=upstream,
         )
+        self._current = enter_run(self.run.ctx)
         return self.run
 
     def __enter__(self) -> RecordedRun:
@@ -406,6 +409,9 @@ class RunScope:
     ) -> None:
         run = self.run
         assert run is not None
+        if self._current is not None:
+            leave_run(self._current)
+            self._current = None
         if exc is None:
             run._finish(run.result, None)
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ._context import AgentContext
+from ._current import current_context, tool
 from ._decisions import ACTIONS, DecisionPatternError, Decisions
 from ._divergence import Difference, DivergenceError, json_diff
 from ._fork import (
@@ -106,6 +107,7 @@ __all__ = [
     "WireRequest",
     "WireResponse",
     "call_bound",
+    "current_context",
     "first_deviation",
     "fresh_seed",
     "is_bad",
@@ -116,5 +118,6 @@ __all__ = [
     "score_run",
     "seal_recording",
     "step_seed",
+    "tool",
     "tripwire",
 ]

@@ -56,6 +56,12 @@ class AgentContext:
             self._clients[name] = make()
         return self._clients[name]
 
+    def api_key(self, provider: str) -> str:
+        """The key this run's `provider` ("openai" or "anthropic") is called with (a
+        placeholder without one), for a framework's client: keys reach the provider in the
+        request's headers and never a tape or a log."""
+        return self._key(provider)
+
     def base_url(self, provider: str) -> str:
         """The base URL this run's `provider` ("openai" or "anthropic") answers on: what the
         SDK clients use, for an agent that calls the API with `http_client` instead (POST to

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import time
 from collections.abc import Callable, Mapping
@@ -20,6 +21,7 @@ from .._usercode import UserCodeError
 from ..providers import PriceTable
 from ..tape import LlmEvent, Tape, TapeHeader, TapeWriter, ToolError, ToolEvent, load_tape
 from ._context import AgentContext
+from ._current import running
 from ._decisions import ACTIONS, Decisions
 from ._divergence import DivergenceError
 from ._interventions import EditContext, ForceAction, Intervention, ReplaceObservation
@@ -205,13 +207,22 @@ class _Engine:
         result: Any = None
         error: BaseException | None = None
         try:
-            if self._is_async:
-                result = await self.agent(ctx)
-            else:
-                loop = asyncio.get_running_loop()
-                result = await loop.run_in_executor(self._threads, self.agent, ctx)
-        except (EffectBlocked, ForkAborted, BudgetCut, ProviderFailed, UnreadableCall) as exc:
+            with running(ctx):
+                if self._is_async:
+                    result = await self.agent(ctx)
+                else:
+                    # The agent's thread sees this run as current (`car_ray.tool`).
+                    context = contextvars.copy_context()
+                    loop = asyncio.get_running_loop()
+                    result = await loop.run_in_executor(self._threads, context.run, self.agent, ctx)
+        except _CONTROL as exc:
             error = exc
+        except BaseExceptionGroup as group:
+            # A task group (anyio's, asyncio's) wraps what its tasks raised: car-ray's own
+            # stop (an effect blocked, a divergence, ...) is the run's end, whatever wraps it.
+            error = _control_in(group) or group
+            if not isinstance(error, (Exception, *_CONTROL)):
+                raise
         except Exception as exc:
             error = exc
         return RunResult(result, error, run, time.perf_counter() - started, run.trajectory)
@@ -298,6 +309,22 @@ def seal_recording(writer: TapeWriter, result: Any, error: BaseException | None)
     message); returns the tape id."""
     raised = ToolError(type=type(error).__name__, message=str(error)) if error else None
     return writer.seal(result, raised)
+
+
+# What car-ray raises into an agent to end its run (each a BaseException).
+_CONTROL = (EffectBlocked, ForkAborted, BudgetCut, ProviderFailed, UnreadableCall)
+
+
+def _control_in(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The first of car-ray's own stops (`_CONTROL`) in an exception group, however nested."""
+    for exc in group.exceptions:
+        if isinstance(exc, _CONTROL):
+            return exc
+        if isinstance(exc, BaseExceptionGroup):
+            found = _control_in(exc)
+            if found is not None:
+                return found
+    return None
 
 
 class ForkRunner:
