@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ._openai import _arguments, _text_of
+from ._openai import _CREATED, _arguments, _text_of
 from ._types import (
     Action,
     ChatRequest,
@@ -20,7 +20,6 @@ from ._types import (
     sse_event,
 )
 
-_CREATED = 1_767_225_600  # a fixed timestamp keeps rendered bodies reproducible
 # Input items that carry nothing a policy reads: kept in the request as data.
 _SKIPPED_ITEMS = frozenset({"reasoning", "item_reference"})
 _ROLES = {"developer": "system", "system": "system", "user": "user", "assistant": "assistant"}

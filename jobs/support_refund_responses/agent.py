@@ -1,8 +1,7 @@
 """jobs/support_refund's agent on the OpenAI Responses API: the same tools, the same model
 behind it (the scenario's policy reads the same conversation), the conversation kept by the
-provider (`previous_response_id`) instead of resent. `support_agent` is the sync SDK without
-streaming; `support_agent_async_stream` the async SDK streaming `response.*` events and
-sending the whole conversation each turn."""
+provider (`previous_response_id`) instead of resent: the sync SDK without streaming
+(tests/matrix_agents.py has the async and streaming ways)."""
 
 from __future__ import annotations
 
@@ -55,46 +54,6 @@ def support_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
             if call.name == "issue_refund":
                 refunded = result
             turn.append(
-                {
-                    "type": "function_call_output",
-                    "call_id": call.call_id,
-                    "output": json.dumps(result),
-                }
-            )
-    return {"reply": None, "refund": refunded, "received_at": received}
-
-
-async def support_agent_async_stream(ctx: car_ray.AgentContext) -> dict[str, Any]:
-    client = ctx.async_openai()
-    ticket = ctx.input
-    received = ctx.now()
-    refunded: dict[str, Any] | None = None
-    conversation: list[Any] = [
-        {"role": "user", "content": f"Ticket {ticket['ticket_id']}: {ticket['text']}"}
-    ]
-    for _turn in range(6):
-        stream = await client.responses.create(
-            model=MODEL,
-            instructions=SYSTEM,
-            input=conversation,
-            tools=TOOLS,  # type: ignore[arg-type]
-            stream=True,
-        )
-        response: Any = None
-        async for event in stream:
-            if event.type == "response.completed":
-                response = event.response
-        assert response is not None, "the stream ended without response.completed"
-        calls = [item for item in response.output if item.type == "function_call"]
-        if not calls:
-            return {"reply": response.output_text, "refund": refunded, "received_at": received}
-        for item in response.output:
-            conversation.append(item.model_dump(exclude_none=True))
-        for call in calls:
-            result = _run_tool(ctx, call.name, json.loads(call.arguments))
-            if call.name == "issue_refund":
-                refunded = result
-            conversation.append(
                 {
                     "type": "function_call_output",
                     "call_id": call.call_id,
