@@ -68,6 +68,17 @@ def langgraph(ctx: car_ray.AgentContext) -> dict[str, Any]:
     return {"answer": state["messages"][-1].content}
 
 
+async def langgraph_async(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    from langchain_core.tools import tool
+    from langgraph.prebuilt import create_react_agent
+
+    from car_ray.integrations.langchain import chat_openai
+
+    graph = create_react_agent(chat_openai(ctx), [tool(get_weather)], prompt=matrix_agents.SYSTEM)
+    state = await graph.ainvoke({"messages": [("user", QUESTION)]})
+    return {"answer": state["messages"][-1].content}
+
+
 def langchain_anthropic(ctx: car_ray.AgentContext) -> dict[str, Any]:
     from langchain_core.messages import HumanMessage, SystemMessage, ToolMessage
     from langchain_core.tools import tool
@@ -171,6 +182,7 @@ AGENTS = {
     "agents_sdk": agents_sdk,
     "agents_sdk_async": agents_sdk_async,
     "langgraph": langgraph,
+    "langgraph_async": langgraph_async,
     "langchain_anthropic": langchain_anthropic,
     "pydantic_ai": pydantic_ai,
     "pydantic_ai_responses": pydantic_ai_responses,
