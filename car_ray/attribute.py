@@ -117,6 +117,12 @@ def check_tape(job: Job, tape: Tape) -> float:
     """Before anything starts: the tape was recorded by the job's agent, and its recorded
     outcome is bad (there is something to explain), and it has a model step (what car-ray
     re-draws). Returns the recorded outcome; one-line `ValueError` otherwise."""
+    refused = tape.seal.error if tape.seal is not None else None
+    if refused is not None and refused.type == "UnreadableCall":
+        raise ValueError(
+            f"{tape.path}: its recording was refused ({refused.message}); record it again "
+            "once every model call goes through ctx"
+        )
     if not any(isinstance(step, LlmEvent) for step in tape.steps):
         raise ValueError(
             f"{tape.path} has no model step ({len(tape.steps)} tool steps): car-ray blames a "

@@ -40,6 +40,7 @@ from .replay import (
     RecordingRefused,
     is_bad,
     record,
+    tripwire,
 )
 from .tape import LlmEvent, Tape, TapeError, ToolEvent, load_tape
 
@@ -316,7 +317,9 @@ def record_cmd(
 ) -> Tape:
     """Run the job's agent live, record its tape and print the run's score."""
     job = _job(job_file)
-    agent = job.load("agent")
+    with tripwire():
+        # A client the agent's module builds at import, without ctx, meets the tripwire.
+        agent = job.load("agent")
     path = out or job.tape_path
     if path is None:
         raise _fail(f"{job.path}: no 'tape' in the job file; pass -o TAPE")

@@ -176,12 +176,18 @@ LATER_KEYS: dict[str, Any] = {"hold": "actions", "decision_text": []}
 def request_identity(request: dict[str, Any]) -> dict[str, Any]:
     """A request (a job file's model as JSON, as job.json keeps it) as a job's identity sees
     it: without `NOT_IDENTITY`'s keys, and without keys added after job ids existed that
-    hold their defaults (`LATER_KEYS`: earlier jobs keep their ids)."""
-    return {
+    hold their defaults (`LATER_KEYS`: earlier jobs keep their ids). The simulated
+    provider's `sim_draws` is the one provider setting that is (as `sim_draws`, when not
+    "coupled"): it changes which game the forks compute."""
+    identity = {
         k: v
         for k, v in request.items()
         if k not in NOT_IDENTITY and not (k in LATER_KEYS and v == LATER_KEYS[k])
     }
+    draws = (request.get("provider") or {}).get("sim_draws", "coupled")
+    if draws != "coupled":
+        identity["sim_draws"] = draws
+    return identity
 
 
 # Job-file keys that are not part of a job's identity: the same request under other caps,

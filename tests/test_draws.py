@@ -257,3 +257,58 @@ def test_holding_decisions_keeps_the_recorded_answers_after_a_reworded_step() ->
         seen = run(_after_reworded(sim_runner(job, tape), tape, first, by_decision))
         assert seen, "no re-draw took the recorded decision in other words in 12 seeds"
         assert all(s == later for s in seen), (hold, seen)
+
+
+def test_the_draws_stage_skips_steps_that_continue_a_recorded_answer_and_settles_on_what_ran() -> (
+    None
+):
+    """jobs/support_refund_responses chains previous_response_id: only step 0's request is
+    ever sent as recorded, so only it is re-asked. A re-ask the budget refused leaves the
+    finding to the one that ran."""
+    job, tape = _job_and_tape("jobs/support_refund_responses/job.toml")
+    asked, result = _drive_draws(job, tape, {"recorded": [True], "fresh": [False]})
+    assert asked == [0, 0] and result.draws == "replays"
+    # The fresh re-ask never runs: the recorded one's answer (not the tape's) decides.
+    ctx = _context(job, tape)
+    stage = ProviderDraws(ctx)
+    stage.start()
+    got = stage.suggest(2)
+    assert got is not None
+    (_, recorded_spec), (_, fresh_spec) = got
+    stage.observe({"task_id": recorded_spec.task_id, "reproduced": False})
+    stage.unrun(fresh_spec)
+    assert stage.suggest(2) is None and stage.done(False).end is None
+    assert stage.result()[0].draws == "fresh"
+
+
+def test_a_live_provider_is_never_re_asked_and_draws_fresh(
+    support_job: Job, support_tape: Any
+) -> None:
+    """No seed reaches a live provider (car-ray's is a header only its simulated provider
+    reads): its job spends no fork finding out."""
+    provider = support_job.spec.provider.model_copy(update={"base_url": "https://api.example"})
+    job = Job(support_job.path, support_job.spec.model_copy(update={"provider": provider}))
+    stage = ProviderDraws(_context(job, support_tape))
+    stage.start()
+    assert stage.suggest(8) is None
+    (result,) = stage.result()
+    assert (result.draws, result.reasks) == ("fresh", 0)
+    assert "a header no API reads" in result.notes[0].text
+
+
+def test_the_provider_draws_are_part_of_a_jobs_identity(
+    support_job: Job, support_tape: Any
+) -> None:
+    from car_ray.schedule import job_id_of
+
+    def job_with(**provider: Any) -> Job:
+        settings = support_job.spec.provider.model_copy(update=provider)
+        return Job(support_job.path, support_job.spec.model_copy(update={"provider": settings}))
+
+    coupled = job_id_of(job_with(), support_tape)
+    assert job_id_of(job_with(sim_draws="coupled", workers=4), support_tape) == coupled
+    assert job_id_of(job_with(sim_draws="seeded"), support_tape) != coupled
+    assert job_id_of(job_with(sim_draws="unseeded"), support_tape) not in (
+        coupled,
+        job_id_of(job_with(sim_draws="seeded"), support_tape),
+    )

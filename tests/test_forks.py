@@ -235,3 +235,17 @@ def test_task_id_is_the_hash_of_the_spec(support_tape: Tape) -> None:
     b = ForkSpec(tape_id=support_tape.tape_id, interventions={4: Resample()}, seed=1)
     c = ForkSpec(tape_id=support_tape.tape_id, interventions={4: Resample()}, seed=2)
     assert a.task_id == b.task_id != c.task_id
+
+
+def test_a_forced_answer_is_continued_like_any_other(
+    support_runner: ForkRunner, support_tape: Tape
+) -> None:
+    """A forced answer the provider never gave: on Responses, the next request continues it
+    (previous_response_id) and is sent with the conversation spelled out; the fork goes on to
+    its end (the policy then checks the refund policy or decides)."""
+    call = ForcedToolCall(name="lookup_order", arguments={"order_id": "A1001"})
+    results = forks(support_runner, support_tape, {0: ForceAction(tool_calls=[call])})
+    for row, trajectory in results:
+        assert row.status in ("ok", "blocked_effect"), row
+        assert trajectory[0]["source"] == "forced" and len(trajectory) >= 4
+        assert trajectory[2]["source"] == "live"

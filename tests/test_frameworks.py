@@ -32,7 +32,7 @@ from . import framework_agents, matrix_agents
 from .conftest import http_runner, run
 
 NAMES = sorted(framework_agents.AGENTS)
-FORK_SEEDS = range(24)
+FORK_SEEDS = range(12)
 # The recording's seed: its answer (step 2) lands on "Bring an umbrella." (the bad outcome).
 SEED = 2
 
@@ -109,8 +109,9 @@ def test_concurrent_forks_equal_one_at_a_time_forks(
     assert all(r.status == "ok" for r in alone), alone[0]
     same = [r.model_dump(exclude={"latency_s"}) for r in alone]
     assert same == [r.model_dump(exclude={"latency_s"}) for r in together]
-    # A coin flip at step 2: 12 of 24 expected, within four binomial deviations.
-    assert 2 <= sum(bool(r.flipped) for r in alone) <= 22
+    # A coin flip at step 2: 6 of 12 expected; none or all is a 1-in-2048 event (the seeds
+    # are fixed, so this either holds or names a fork that does not draw).
+    assert 1 <= sum(bool(r.flipped) for r in alone) <= 11
 
 
 @pytest.mark.parametrize("name", NAMES)

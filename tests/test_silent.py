@@ -5,6 +5,7 @@ with the fix and ends the recording, `attribute` refuses a tape without a model 
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 import car_ray
+from car_ray.attribute import check_tape
 from car_ray.cli import app
+from car_ray.job import load_job
 from car_ray.replay import BaseUrls, RecordingRefused, Tripwire, record
 from car_ray.sim import SimServer
 from car_ray.tape import load_tape
@@ -95,13 +98,18 @@ def test_a_client_built_without_ctx_fails_with_the_fix_and_ends_the_recording(
         _record(sim, own_client, tmp_path / "own.tape")
     assert "POST /v1/chat/completions went around car-ray's transport" in str(refused.value)
     tape = load_tape(tmp_path / "own.tape")
-    # The agent swallowed the error, which named the fix.
-    assert tape.seal is not None and "went around car-ray" in str(tape.seal.result)
-    assert "http_client=ctx.http_client" in str(tape.seal.result)
+    # The agent swallowed the error (which named the fix): the tape is sealed refused all
+    # the same, and attribute will not take it.
+    assert tape.seal is not None and tape.seal.error is not None
+    assert tape.seal.error.type == "UnreadableCall"
+    assert "went around car-ray" in tape.seal.error.message
     assert [s.type for s in tape.steps] == ["tool"]
+    job = load_job(_job(tmp_path, "tools_only"))
+    with pytest.raises(ValueError, match="its recording was refused"):
+        check_tape(job, tape)
     # The environment is the caller's again once the recording is over.
     assert {name: os.environ.get(name) for name in before} == before
-    assert Tripwire._server is None
+    assert Tripwire._users == 0
 
 
 def _job(tmp_path: Path, agent: str, **extra: str) -> Path:
@@ -140,3 +148,28 @@ def test_record_until_bad_stops_at_the_agents_first_error(tmp_path: Path) -> Non
     assert "the agent raised RuntimeError('the agent broke at its second step')" in result.output
     assert "--until-bad stops at an agent's error" in result.output
     assert "recording again" not in result.output  # one try, not five
+
+
+@car_ray.tool(effect=True)
+def send_email(to: str) -> str:
+    SENT.append(to)
+    return f"sent to {to}"
+
+
+SENT: list[str] = []
+
+
+def emails_from_a_plain_thread(ctx: car_ray.AgentContext) -> str:
+    """Calls an effect tool from a thread that did not copy the run's context."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(send_email, "a@example.com").result()
+
+
+def test_an_effect_tool_that_lost_its_run_refuses_to_run(sim: SimServer, tmp_path: Path) -> None:
+    """Called from a plain thread (no context copied) while a run is live, an effect tool
+    refuses; outside any run it is the plain function."""
+    _, outcome = _record(sim, emails_from_a_plain_thread, tmp_path / "mail.tape")
+    assert isinstance(outcome.error, RuntimeError)
+    assert "'send_email' (effect=True) was called outside its run's context" in str(outcome.error)
+    assert SENT == []
+    assert send_email("b@example.com") == "sent to b@example.com" and SENT == ["b@example.com"]

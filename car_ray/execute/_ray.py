@@ -36,7 +36,6 @@ from ..replay import (
     RateLimiter,
     RetryPolicy,
     SpendLimit,
-    Tripwire,
 )
 from ..tape import parse_tape
 from ._health import NoWorkers, WorkerHealth, never_sent
@@ -85,9 +84,6 @@ class ForkWorker:
 
     def __init__(self, config: WorkerConfig) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # A client an agent builds without ctx fails with the fix in its error, never
-        # reaching a provider the fork does not count (the worker's for its whole life).
-        Tripwire.acquire()
         limited = config.requests_per_minute or config.tokens_per_minute
         limiter = (
             RateLimiter(config.requests_per_minute, config.tokens_per_minute) if limited else None

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
-from agents import Agent, FunctionTool, OpenAIProvider, RunConfig, Runner, RunResult
+from agents import Agent, FunctionTool, Handoff, OpenAIProvider, RunConfig, Runner, RunResult
 
 from ..replay import AgentContext, current_context
 
@@ -36,12 +36,27 @@ def recorded(agent: Agent[Any], effects: Collection[str] = ()) -> Agent[Any]:
             _recorded_tool(t, t.name in effects) if isinstance(t, FunctionTool) else t
             for t in agent.tools
         ]
-        handoffs = [copy(h) if isinstance(h, Agent) else h for h in agent.handoffs]
+        handoffs = [
+            copy(h) if isinstance(h, Agent) else _recorded_handoff(h, copy) for h in agent.handoffs
+        ]
         object.__setattr__(clone, "tools", tools)
         object.__setattr__(clone, "handoffs", handoffs)
         return clone
 
     return copy(agent)
+
+
+def _recorded_handoff(
+    handoff: Handoff[Any, Any], copy: Callable[[Agent[Any]], Agent[Any]]
+) -> Handoff[Any, Any]:
+    """A `handoff(agent, ...)`: the agent it hands off to, recorded as well."""
+    original = handoff.on_invoke_handoff
+
+    async def invoke(context: Any, arguments: str) -> Any:
+        target = await original(context, arguments)
+        return copy(target) if isinstance(target, Agent) else target
+
+    return dataclasses.replace(handoff, on_invoke_handoff=invoke)
 
 
 def _recorded_tool(tool: FunctionTool, effect: bool) -> FunctionTool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
@@ -28,13 +29,37 @@ def current_context() -> AgentContext | None:
     return _CURRENT.get()
 
 
+# How many runs are current anywhere in this process (an effect tool called without one
+# while any is, is called from a thread that lost its run's context).
+_live = 0
+_live_lock = threading.Lock()
+
+
 def enter_run(ctx: AgentContext) -> Token[AgentContext | None]:
     """Make `ctx` current until `leave_run(token)`."""
+    global _live
+    with _live_lock:
+        _live += 1
     return _CURRENT.set(ctx)
 
 
 def leave_run(token: Token[AgentContext | None]) -> None:
+    global _live
     _CURRENT.reset(token)
+    with _live_lock:
+        _live -= 1
+
+
+def _no_run(step: str, effect: bool) -> None:
+    """A recorded tool called with no current run: fine outside car-ray; an effect while a
+    run is live in this process is refused (it would run in every fork)."""
+    if effect and _live:
+        raise RuntimeError(
+            f"car_ray.tool {step!r} (effect=True) was called outside its run's context, from "
+            "a thread or task that did not copy it (a plain ThreadPoolExecutor, say), so it "
+            "would run again in every fork: start that thread with "
+            "contextvars.copy_context().run, or call it through ctx.tool"
+        )
 
 
 @contextmanager
@@ -61,7 +86,8 @@ def tool(
     """`@car_ray.tool` or `@car_ray.tool(effect=True)`: the function, recorded as a tool step
     (`ctx.tool(name, fn, ...)`) whenever it is called inside a car-ray run, the run found
     through a context variable; outside one it is the plain function. `name` defaults to the
-    function's; `effect=True` marks a side effect (it only runs while recording). The
+    function's; `effect=True` marks a side effect (it only runs while recording; called with
+    no current run while a run is live in the process, it refuses rather than run). The
     wrapper keeps the function's name, signature and docstring (frameworks read a tool's
     schema from them) and is async when the function is."""
 
@@ -73,6 +99,7 @@ def tool(
             async def arecorded(*args: Any, **kwargs: Any) -> Any:
                 ctx = _CURRENT.get()
                 if ctx is None:
+                    _no_run(step, effect)
                     return await fn(*args, **kwargs)
                 return await ctx.tool(step, fn, *args, effect=effect, **kwargs)
 
@@ -82,6 +109,7 @@ def tool(
         def recorded(*args: Any, **kwargs: Any) -> Any:
             ctx = _CURRENT.get()
             if ctx is None:
+                _no_run(step, effect)
                 return fn(*args, **kwargs)
             return ctx.tool(step, fn, *args, effect=effect, **kwargs)
 

@@ -271,9 +271,13 @@ async def record(
             around = tripped.calls
     finally:
         await engine.aclose(upstream=owned)
-    seal_recording(writer, outcome.result, outcome.error)
     if around and run.unreadable is None:
         run.unreadable = f"{around[0]} went around car-ray's transport ({len(around)} such calls)"
+    if run.unreadable is not None:
+        # Whatever the agent made of it, the run is not one car-ray can read: sealed so.
+        seal_recording(writer, None, UnreadableCall(run.unreadable))
+    else:
+        seal_recording(writer, outcome.result, outcome.error)
     if run.unreadable is not None:
         raise RecordingRefused(
             f"{path}: {run.unreadable}; the recording stopped there (the tape keeps the steps "

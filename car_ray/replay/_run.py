@@ -374,8 +374,10 @@ class Run:
         self.reproduced: bool | None = None
         # Recording: the call car-ray could not read, which ended it (`UnreadableCall`).
         self.unreadable: str | None = None
-        self._by_response_id: dict[str, tuple[Any, list[Any]]] | None = None
-        self._live_responses: dict[str, tuple[Any, list[Any]]] = {}
+        # The Responses answers this run gave its agent, by id: the request the agent sent
+        # for it, the answer's output items, and whether the provider issued that id (and
+        # so can resolve it as a `previous_response_id`).
+        self._answers: dict[str, tuple[Any, list[Any], bool]] = {}
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
@@ -518,7 +520,7 @@ class Run:
                     recorded.request.body,
                     observed,
                 )
-            return self._serve(k, recorded, "replay")
+            return self._serve(k, recorded, "replay", body)
         if iv is not None:
             if isinstance(iv, ReplaceObservation):
                 raise InterventionError(
@@ -532,14 +534,20 @@ class Run:
             if isinstance(iv, EditContext):
                 if body is None:
                     raise InterventionError(f"step {k}: the request body is not JSON to edit")
-                if codec_for_path(path) is RESPONSES:
+                responses = codec_for_path(path) is RESPONSES
+                if responses:
                     # The context is the whole conversation, the provider's part included.
                     body = self._explicit_conversation(body, every=True)
                 edited = iv.apply(body)
                 request = WireRequest(
                     request.method, request.url, request.headers, canonical_bytes(edited)
                 )
-                return await self._live(k, request, edited)
+                response = await self._live(k, request, edited)
+                if responses:
+                    # The edit changes this one request: a later request that continues this
+                    # answer continues it from the conversation as it was, sent explicitly.
+                    self._note_answer(path, body, response.body, issued=False)
+                return response
             if isinstance(iv, SwapPolicy):
                 self.swap = iv
             assert isinstance(iv, Resample | SwapPolicy)
@@ -549,7 +557,7 @@ class Run:
             and isinstance(recorded, LlmEvent)
             and recorded.request.path == path
         ):
-            return self._serve(k, recorded, "pinned")
+            return self._serve(k, recorded, "pinned", body)
         if self.plan.tail == "held" and self.swap is None:
             # The rest of the run keeps its mechanism: the recorded answer while the request
             # is the recorded one (decision for decision, where the job holds decisions),
@@ -559,7 +567,7 @@ class Run:
                 and recorded.request.path == path
                 and self._recorded_request(body, request, recorded)
             ):
-                return self._serve(k, recorded, "held")
+                return self._serve(k, recorded, "held", body)
             if self.recorded_seed is not None:
                 return await self._live(
                     k, request, body, draw_seed=step_seed(self.recorded_seed, k)
@@ -573,29 +581,26 @@ class Run:
         raise UnreadableCall(self.unreadable)
 
     def _explicit_conversation(self, body: Any, *, every: bool = False) -> Any:
-        """`explicit_conversation` of a request of this run: a recorded answer's id is
-        resolved (a fork's provider never gave it: it was served from the tape); an answer
-        drawn live in this run keeps its id, unless `every` (a context edit, which must see
-        the whole context)."""
-        recorded = self._recorded_responses()
-        known = {**recorded, **self._live_responses}
-        previous = body.get("previous_response_id") if isinstance(body, dict) else None
-        if previous not in (known if every else recorded):
-            return body
+        """`explicit_conversation` of a request of this run, through every answer whose id
+        the provider did not issue (served from the tape, forced, or answered to an edited
+        context), or through every answer (`every`: a context edit sees the whole context).
+        The chain stops at an answer the provider issued, whose id it keeps."""
+        known = {
+            rid: (request, output)
+            for rid, (request, output, issued) in self._answers.items()
+            if every or not issued
+        }
         return explicit_conversation(body, known)
 
-    def _recorded_responses(self) -> dict[str, tuple[Any, list[Any]]]:
-        if self._by_response_id is None:
-            self._by_response_id = recorded_responses(self.recorded_steps)
-        return self._by_response_id
-
-    def _keep_response(self, body: Any, response: WireResponse, stream: bool) -> None:
-        """Keep a Responses answer drawn live in this run, by its id (`_explicit_conversation`)."""
+    def _note_answer(self, path: str, body: Any, answer: bytes, *, issued: bool) -> None:
+        """Keep a Responses answer this run gave its agent (`_answers`)."""
+        if codec_for_path(path) is not RESPONSES or not isinstance(body, dict):
+            return
         try:
-            answer = response_of(response.body, stream)
+            response = response_of(answer, bool(body.get("stream")))
         except (ValueError, KeyError, TypeError):
             return
-        self._live_responses[str(answer.get("id"))] = (body, answer.get("output") or [])
+        self._answers[str(response.get("id"))] = (body, response.get("output") or [], issued)
 
     def _recorded_request(self, body: Any, request: WireRequest, recorded: LlmEvent) -> bool:
         """Whether a request is step's recorded one: byte for byte, or, where the job holds
@@ -617,7 +622,9 @@ class Run:
         if iv.seed == "recorded" and self.recorded_seed is not None:
             seed = step_seed(self.recorded_seed, k)
         response = await self._live(k, request, body, draw_seed=seed)
-        self.reproduced = self.trajectory[-1].get("action") == recorded.action
+        entry = self.trajectory[-1]
+        # An error answer says nothing about the provider's draws.
+        self.reproduced = entry.get("action") == recorded.action if entry["status"] == 200 else None
         return response
 
     async def _send_fork_call(self, k: int, wire: WireRequest) -> WireResponse:
@@ -660,8 +667,11 @@ class Run:
             log.info("budget_cut", step=k, spent_usd=spend.cost_usd, bound_usd=usd)
             raise BudgetCut(f"step {k}: the next live call could exceed the fork's reservation")
 
-    def _serve(self, k: int, recorded: LlmEvent, source: Source) -> WireResponse:
+    def _serve(self, k: int, recorded: LlmEvent, source: Source, body: Any = None) -> WireResponse:
+        """The tape's answer to step k (`body`: the request the agent sent for it)."""
         self.trajectory.append(llm_entry(k, _llm_fields(recorded), source))
+        asked = body if isinstance(body, dict) else recorded.request.body
+        self._note_answer(recorded.request.path, asked, recorded.response.body_bytes, issued=False)
         return WireResponse(
             recorded.response.status,
             tuple(recorded.response.headers.items()),
@@ -689,6 +699,7 @@ class Run:
                 chat, action, Usage(), f"forced-{sha256_hex(canonical_bytes(body))[:16]}"
             )
         content_type = "text/event-stream" if chat.stream else "application/json"
+        self._note_answer(path, body, data, issued=False)
         self.trajectory.append(
             llm_entry(
                 k,
@@ -760,8 +771,8 @@ class Run:
         stream = bool(isinstance(body, dict) and body.get("stream"))
         action: Action | None = None
         usage = Usage()
-        if codec is RESPONSES and response.status == 200:
-            self._keep_response(body, response, stream)
+        if codec is RESPONSES and response.status == 200 and not record:
+            self._note_answer(urlsplit(request.url).path, body, response.body, issued=True)
         if codec is not None and response.status == 200:
             try:
                 action, usage = codec.parse_response(response.body, stream)

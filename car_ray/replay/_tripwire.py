@@ -65,8 +65,10 @@ class _Server(ThreadingHTTPServer):
 
 class Tripwire:
     """The endpoint and the environment that points at it, shared by every user in this
-    process (`tripwire()`): started by the first, stopped (and the environment restored) by
-    the last. `hits` are the calls it answered, as "METHOD /path"."""
+    process (`tripwire()`): the endpoint starts with the first and serves until the process
+    ends (a client built while it was set keeps its address, and must keep meeting it); the
+    environment is set while anyone uses it and restored by the last. `hits` are the calls
+    it answered, as "METHOD /path"."""
 
     _lock: ClassVar[threading.Lock] = threading.Lock()
     _users: ClassVar[int] = 0
@@ -81,11 +83,12 @@ class Tripwire:
                 threading.Thread(
                     target=server.serve_forever, name="car-ray-tripwire", daemon=True
                 ).start()
-                url = f"http://127.0.0.1:{server.server_address[1]}"
+                cls._server = server
+            if cls._users == 0:
+                url = f"http://127.0.0.1:{cls._server.server_address[1]}"
                 cls._saved = {name: os.environ.get(name) for name in ENV}
                 os.environ["OPENAI_BASE_URL"] = url + "/v1"
                 os.environ["ANTHROPIC_BASE_URL"] = url
-                cls._server = server
             cls._users += 1
             return cls._server
 
@@ -93,16 +96,13 @@ class Tripwire:
     def release(cls) -> None:
         with cls._lock:
             cls._users -= 1
-            if cls._users > 0 or cls._server is None:
+            if cls._users > 0:
                 return
-            server, cls._server = cls._server, None
             for name, value in cls._saved.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-        server.shutdown()
-        server.server_close()
 
 
 class Tripped:

@@ -25,33 +25,53 @@ _MEANING = {
     "the tape: no draw is replayed",
     "unknown": "every step re-asked answered the same to the recorded seed and a fresh one, "
     "so whether it replays a draw is not known; the job assumes it does not",
+    "unsent": "car-ray gives its seed to the simulated provider only (in a header no API "
+    "reads), so a live provider draws every re-asked request afresh",
 }
 
 
+def _continues(event: object) -> bool:
+    body = event.request.body if isinstance(event, LlmEvent) else None
+    return isinstance(body, dict) and body.get("previous_response_id") is not None
+
+
 class ProviderDraws(BaseStage):
-    """Whether the provider replays a draw. A job whose provider is not the coupled simulated
-    one re-asks a model step's recorded request twice (`Reask`), with the recorded draw's
-    seed and with a fresh one, the last model step first and at most DRAWS_STEPS steps: the
-    recorded seed answering word for word where the fresh one does not is a provider that
-    replays draws (`replays`); the recorded seed answering otherwise, one that does not
-    (`fresh`); a step that answers the same to both says nothing (it may not vary), and the
-    next earlier one is asked. Either way the job computes the same thing: a held step keeps
-    its recorded answer while its request is the recorded one and draws live once it changed
-    (no provider but the coupled simulated one lands a changed request on the recorded
-    draw's point); the finding goes into the answer and the verdict says so. Hands back
-    `DrawsResult`."""
+    """Whether the provider replays a draw. A job on the simulated provider drawing as a
+    real one does (`sim_draws` seeded or unseeded) re-asks a model step's recorded request
+    twice (`Reask`), with the recorded draw's seed and with a fresh one, the last model step
+    first (never one whose request continues a recorded Responses answer) and at most
+    DRAWS_STEPS steps: the recorded seed answering word for word where the fresh one does
+    not is a provider that replays draws (`replays`); the recorded seed answering otherwise,
+    one that does not (`fresh`); a step that answers the same to both says nothing (it may
+    not vary), and the next earlier one is asked. A job on a live provider (`base_url`) asks
+    nothing: car-ray's seed is a header only the simulated provider reads, so its draws are
+    `fresh`. Either way the job computes the same thing: a held step keeps its recorded
+    answer while its request is the recorded one and draws live once it changed (no provider
+    but the coupled simulated one lands a changed request on the recorded draw's point); the
+    finding goes into the answer and the verdict says so. Hands back `DrawsResult`."""
 
     name = "draws"
 
     def start(self) -> None:
         steps = self.ctx.tape.steps
-        model = [k for k in range(len(steps) - 1, -1, -1) if isinstance(steps[k], LlmEvent)]
+        self._unsent = self.ctx.spec.provider.base_url is not None
+        # A Responses request that continues a recorded answer is sent with its conversation
+        # spelled out (a fork's provider never gave that answer): never the recorded bytes.
+        model = [
+            k
+            for k in range(len(steps) - 1, -1, -1)
+            if isinstance(steps[k], LlmEvent) and not _continues(steps[k])
+        ]
         self._steps = deque(model[:DRAWS_STEPS])
         self._queue: deque[Fork] = deque()
         self._pending: dict[str, str] = {}  # task id -> "recorded" | "fresh"
         self._answers: dict[str, bool | None] = {}
         self._asked = 0
         self._found: str | None = None if self._steps else "unknown"
+        if self._unsent:
+            # No seed reaches it: a re-ask could only show chance, at a price.
+            self._steps.clear()
+            self._found = "fresh"
 
     def suggest(self, room: int) -> list[Fork] | None:
         if not self._queue and not self._pending:
@@ -75,6 +95,14 @@ class ProviderDraws(BaseStage):
             return
         self._asked += 1
         self._answers[seed] = row["reproduced"]
+        self._settle()
+
+    def unrun(self, spec: ForkSpec) -> None:
+        if self._pending.pop(spec.task_id, None) is not None:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Once a step's two re-asks are in (or will not run), what they showed."""
         if self._pending or self._queue:
             return
         recorded, fresh = self._answers.get("recorded"), self._answers.get("fresh")
@@ -82,11 +110,7 @@ class ProviderDraws(BaseStage):
             self._found = "fresh"
         elif recorded and fresh is False:
             self._found = "replays"
-        # Both the same, or a fork that never answered: ask the next step.
-
-    def unrun(self, spec: ForkSpec) -> None:
-        if self._pending.pop(spec.task_id, None) is not None:
-            self._answers = {}
+        # Both the same, or a re-ask that never answered: the next step is asked.
 
     def done(self, exhausted: bool) -> Next:
         if self._found is None:
@@ -96,11 +120,15 @@ class ProviderDraws(BaseStage):
 
     def result(self) -> tuple[StageResult, ...]:
         found = self._found or "unknown"
+        how = (
+            _MEANING["unsent"]
+            if self._unsent
+            else f"{_MEANING[found]} (found in {self._asked} re-ask(s), counted in the budget)"
+        )
         note = Note(
             kind="provider_draws",
             severity="info" if found == "replays" else "warning",
-            text=f"the provider does not couple draws: {_MEANING[found]} (found in "
-            f"{self._asked} re-ask(s), counted in the budget). A held step keeps its "
+            text=f"the provider does not couple draws: {how}. A held step keeps its "
             "recorded answer while its request is the recorded one"
             + (", decision for decision" if self.ctx.spec.hold == "decisions" else "")
             + ", and draws live once it changed: steps before a cause may share its blame",
