@@ -152,6 +152,8 @@ class Task:
     uniform_k: int | None
     seed: int
     cost: float  # an estimate in forks x steps, to hand out the longest first
+    # What the simulated provider does with a seed (`sim_draws`).
+    draws: str = "coupled"
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,8 @@ def _run(task: Task) -> Result:
     from .truth import run_local
 
     job, tape = _job_and_tape(task.job_file)
-    update: dict[str, Any] = {"attribution_seed": task.seed}
+    provider = job.spec.provider.model_copy(update={"sim_draws": task.draws})
+    update: dict[str, Any] = {"attribution_seed": task.seed, "provider": provider}
     if task.scheme == "auto":
         update["method"] = "auto"
     else:
@@ -317,6 +320,7 @@ def row_of(result: Result, truth: Truth, steps: int, arms: int) -> dict[str, Any
     return {
         "scenario": task.scenario,
         "scheme": task.scheme,
+        "draws": task.draws,
         "forks_per_step": task.forks_per_step,
         "budget": task.budget,
         "default_budget": task.budget is None,
@@ -387,14 +391,16 @@ def plan_scenario(
     return Scenario(job.folder.name, str(job_file), steps, arms, n, points)
 
 
-def tasks_of(s: Scenario) -> list[Task]:
+def tasks_of(s: Scenario, draws: str = "coupled") -> list[Task]:
     out = []
     for seed in range(s.seeds):
-        out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, 10.0 * s.steps**2))
+        cost = 10.0 * s.steps**2
+        out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, cost, draws))
         for f, budget in s.grid:
             for scheme in SCHEMES if s.uniform_runs(budget) else SCHEMES[:1]:
                 k = None if scheme == "auto" else max(1, budget // s.arms)
-                out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, budget * s.steps))
+                cost = budget * s.steps
+                out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, cost, draws))
     return out
 
 
@@ -745,6 +751,7 @@ def main(
     processes: int = 2,
     out: Path = DEFAULT_OUT,
     console: Console | None = None,
+    draws: str = "coupled",
 ) -> int:
     """Accuracy against budget on the scenario suite (see the module docstring); writes
     `out`/accuracy.parquet and `out`/accuracy.png; 0 when every run ran, 1 if one raised
@@ -756,7 +763,9 @@ def main(
     the tape's steps rounded up, at most `max_budget` forks (None: no cap; the uniform
     schemes run only at budgets of one fork a step or more); long_seeds: the most seeds a
     tape over 32 steps runs (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names
-    it); processes: worker processes (1: all in this one)."""
+    it); processes: worker processes (1: all in this one); draws: what the simulated provider
+    does with a seed (`sim_draws`: coupled, seeded, unseeded), every run alike (the exact
+    values stay the held game's)."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
@@ -787,7 +796,7 @@ def main(
     if not plan:
         console.print("[bold red]no scenario to run: pass job files, or run from the repo")
         return 1
-    tasks = [t for s in plan for t in tasks_of(s)]
+    tasks = [t for s in plan for t in tasks_of(s, draws)]
     console.print(
         f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es): "
         f"{r} seeds, forks a step {grid}, budgets at most {max_budget or 'any'} forks; tapes "

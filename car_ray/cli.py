@@ -1273,12 +1273,22 @@ def bench_cmd(
     out: Annotated[Path, typer.Option(help="folder for accuracy.parquet and accuracy.png")] = Path(
         "benchmarks/results"
     ),
+    draws: Annotated[
+        str,
+        typer.Option(
+            help="what the simulated provider does with a seed: coupled, seeded (as OpenAI), "
+            "unseeded (as Anthropic); benchmarks/draws.py puts two side by side"
+        ),
+    ] = "coupled",
 ) -> None:
     """Accuracy against budget: car-ray's adaptive scheduler against uniform allocation
     (live, pinned and held tails) on every scenario with exact values; writes Parquet and a
     plot, prints the forks each scheme needs for 95% top-1."""
     from . import bench
+    from .providers import Draws
 
+    if draws not in get_args(Draws):
+        raise _fail(f"--draws {draws!r}: expected coupled, seeded or unseeded")
     code = bench.main(
         _scenario_jobs(job_files),
         quick=quick,
@@ -1288,6 +1298,7 @@ def bench_cmd(
         processes=processes,
         out=out,
         console=console,
+        draws=draws,
     )
     if code:
         raise typer.Exit(code)
