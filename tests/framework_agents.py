@@ -54,6 +54,15 @@ async def agents_sdk_async(ctx: car_ray.AgentContext) -> dict[str, Any]:
     return {"answer": result.final_output}
 
 
+async def agents_sdk_streamed(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    from car_ray.integrations import openai_agents
+
+    result = openai_agents.run_streamed(ctx, _agents_sdk_agent(), QUESTION)
+    async for _event in result.stream_events():
+        pass
+    return {"answer": result.final_output}
+
+
 # -- LangGraph ------------------------------------------------------------------------------------
 
 
@@ -181,6 +190,7 @@ async def mcp_agent(ctx: car_ray.AgentContext) -> dict[str, Any]:
 AGENTS = {
     "agents_sdk": agents_sdk,
     "agents_sdk_async": agents_sdk_async,
+    "agents_sdk_streamed": agents_sdk_streamed,
     "langgraph": langgraph,
     "langgraph_async": langgraph_async,
     "langchain_anthropic": langchain_anthropic,

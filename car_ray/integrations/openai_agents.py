@@ -1,4 +1,5 @@
-"""The OpenAI Agents SDK under car-ray: `run(ctx, agent, input)` (or `await run_async(...)`)
+"""The OpenAI Agents SDK under car-ray: `run(ctx, agent, input)` (`await run_async(...)`,
+`run_streamed(...)`)
 runs an `agents.Agent` with its model calls on the run's client (the SDK's default, the
 Responses API), tracing off (nothing leaves the run), and its function tools recorded as
 steps (`effects`: the names of tools with side effects, which only run while recording).
@@ -11,7 +12,16 @@ import json
 from collections.abc import Callable, Collection
 from typing import Any
 
-from agents import Agent, FunctionTool, Handoff, OpenAIProvider, RunConfig, Runner, RunResult
+from agents import (
+    Agent,
+    FunctionTool,
+    Handoff,
+    OpenAIProvider,
+    RunConfig,
+    Runner,
+    RunResult,
+    RunResultStreaming,
+)
 
 from ..replay import AgentContext, current_context
 
@@ -85,6 +95,21 @@ def run(
 ) -> RunResult:
     """`Runner.run_sync(agent, input)` under car-ray (a sync agent function)."""
     return Runner.run_sync(recorded(agent, effects), input, run_config=run_config(ctx), **kwargs)
+
+
+def run_streamed(
+    ctx: AgentContext,
+    agent: Agent[Any],
+    input: Any,
+    *,
+    effects: Collection[str] = (),
+    **kwargs: Any,
+) -> RunResultStreaming:
+    """`Runner.run_streamed(agent, input)` under car-ray (an async agent function iterates
+    its `stream_events()`); the model's answers stream as `response.*` events."""
+    return Runner.run_streamed(
+        recorded(agent, effects), input, run_config=run_config(ctx), **kwargs
+    )
 
 
 async def run_async(
