@@ -1,9 +1,8 @@
 """The OpenAI Agents SDK under car-ray: `run(ctx, agent, input)` (`await run_async(...)`,
-`run_streamed(...)`)
-runs an `agents.Agent` with its model calls on the run's client (the SDK's default, the
-Responses API), tracing off (nothing leaves the run), and its function tools recorded as
-steps (`effects`: the names of tools with side effects, which only run while recording).
-Handoff agents are run the same way."""
+`run_streamed(...)`) runs an `agents.Agent` with its model calls on the run's client (the
+SDK's default, the Responses API), tracing off (nothing leaves the run), and its function
+tools recorded as steps (`effects`: the names of tools with side effects, which only run
+while recording). Handoff agents are run the same way."""
 
 from __future__ import annotations
 
