@@ -273,12 +273,11 @@ async def record(
         await engine.aclose(upstream=owned)
     if around and run.unreadable is None:
         run.unreadable = f"{around[0]} went around car-ray's transport ({len(around)} such calls)"
-    if run.unreadable is not None:
+    if run.unreadable is None:
+        seal_recording(writer, outcome.result, outcome.error)
+    else:
         # Whatever the agent made of it, the run is not one car-ray can read: sealed so.
         seal_recording(writer, None, UnreadableCall(run.unreadable))
-    else:
-        seal_recording(writer, outcome.result, outcome.error)
-    if run.unreadable is not None:
         raise RecordingRefused(
             f"{path}: {run.unreadable}; the recording stopped there (the tape keeps the steps "
             "before it, sealed with the error). Make the call through a client car-ray "
@@ -410,7 +409,9 @@ class ForkRunner:
             ):
                 # Tried on the recorded request (with the conversation a Responses request
                 # continues): an edit that cannot apply is the user's error.
-                body = explicit_conversation(event.request.body, recorded_responses(steps))
+                body = event.request.body
+                if body.get("previous_response_id") is not None:
+                    body = explicit_conversation(body, recorded_responses(steps))
                 try:
                     iv.apply(body)
                 except ValueError as exc:

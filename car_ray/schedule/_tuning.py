@@ -60,7 +60,7 @@ RECORD: dict[str, Evidence] = {
         "model steps a job against a live provider re-asks (two forks each) before it says "
         "it could not tell whether the provider replays a draw",
         _NOT_MEASURED,
-        "this change",
+        "27bace0",
         "none (a step that answers the same to every seed says nothing; three in a row "
         "that do are a tape that hardly varies)",
     ),

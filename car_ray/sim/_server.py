@@ -25,7 +25,6 @@ from car_ray.providers import (
     ProviderName,
     codec_for_path,
     estimate_usage,
-    response_of,
 )
 
 from ._policy import (
@@ -190,7 +189,7 @@ class SimApp:
 
         try:
             request = self._conversation(_parse(codec, body))
-            seed = self._draw_seed(_seed(headers), body)
+            seed = self._draw_seed(_seed(headers), request.raw)
         except ProviderFormatError as exc:
             self.errors += 1
             return 400, [], error_body(provider, 400, str(exc))
@@ -199,9 +198,8 @@ class SimApp:
             distribution = distribution_of(self.policy, request)
             action = self.choose(distribution, seed)
             usage = estimate_usage(request, action)
-            rendered = codec.render_response(
-                request, action, usage, self._response_id(codec, seed, body, action)
-            )
+            response_id = self._response_id(codec, seed, body, action)
+            rendered = codec.render_response(request, action, usage, response_id)
         except PolicyError as exc:
             self.errors += 1
             return 500, [], error_body(provider, 500, str(exc))
@@ -212,19 +210,19 @@ class SimApp:
             return 500, [], error_body(provider, 500, message)
         self.served += 1
         if codec is RESPONSES:
-            self._remember(request, action, rendered)
+            self._remember(request, action, response_id)
         content_type = "text/event-stream" if request.stream else "application/json"
         return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
 
-    def _draw_seed(self, seed: int | None, body: bytes) -> int | None:
-        """The seed the action is drawn with, as `draws` says."""
+    def _draw_seed(self, seed: int | None, body: dict[str, Any]) -> int | None:
+        """The seed the action is drawn with, as `draws` says (`body`: the request, parsed)."""
         if seed is None or self.draws == "coupled":
             return seed
         if self.draws == "unseeded":
             return self._unseeded_rng.getrandbits(60)
         # Seeded: the request's canonical digest joins the seed (key order and spacing do
-        # not make another request; _parse has already checked that the body is JSON).
-        digest = digest_of(json.loads(body))
+        # not make another request).
+        digest = digest_of(body)
         return int(hashlib.sha256(f"{seed}:{digest}".encode()).hexdigest()[:15], 16)
 
     def choose(self, distribution: Distribution, seed: int | None) -> Action:
@@ -258,9 +256,8 @@ class SimApp:
             )
         return replace(request, messages=(*head, *before, *own))
 
-    def _remember(self, request: ChatRequest, action: Action, rendered: bytes) -> None:
+    def _remember(self, request: ChatRequest, action: Action, response_id: str) -> None:
         """Keep a served Responses answer's conversation for a later `previous_response_id`."""
-        response_id = str(response_of(rendered, request.stream)["id"])
         turn = Message("assistant", action.text or "", action.tool_calls)
         _, history = _instructions(request)
         self._responses[response_id] = (*history, turn)
@@ -271,8 +268,8 @@ class SimApp:
         """Seeded: a hash of the request and the action drawn, so a fresh draw that lands on
         the recorded action answers byte for byte as the recording did (and the rest of a
         held fork is served from the tape); unseeded: the server RNG."""
-        if seed is None or self.draws == "unseeded":
-            suffix = f"{self._unseeded_rng.getrandbits(96):024x}"
+        if seed is None:
+            suffix = f"{self._action_rng.getrandbits(96):024x}"
         else:
             body_digest = hashlib.sha256(body).hexdigest()
             drawn = json.dumps(action.to_json(), sort_keys=True)
