@@ -5,7 +5,12 @@ and `seeded` (as OpenAI: an identical request with the same seed reproduces, a c
 is an unrelated sample), side by side in one run. Exact values are the held game's.
 
     .venv/bin/python benchmarks/draws.py [--seeds 10] [--processes 2] [--jobs a,b]
-                                        [--draws coupled,seeded,unseeded]
+                                        [--draws coupled,seeded,seeded:live,unseeded]
+
+A way is the provider's draws, and off the coupled provider what a held step that chose does
+once its request changed: `seeded` keeps its decision as an estimated maximal coupling would
+(the job's default, `coupling = "estimated"`), `seeded:live` draws it live (`coupling =
+"off"`).
 
 Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the exact top
 within validate's TIE, or for a control no step's interval above 0), the share that stopped on
@@ -26,7 +31,7 @@ from typing import Any
 from _common import ROOT, in_processes, make_console
 from rich.table import Table
 
-WAYS = ("coupled", "seeded")
+WAYS = ("coupled", "seeded", "seeded:live")
 
 
 def _truth(job_file: str) -> list[int]:
@@ -38,7 +43,8 @@ def _truth(job_file: str) -> list[int]:
 
 
 def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
-    job_file, draws, seed, top = task
+    job_file, way, seed, top = task
+    draws, _, live = way.partition(":")
     from car_ray.bench import _job_and_tape, _quiet, ended, top1
     from car_ray.job import Job
     from car_ray.schedule import Budget
@@ -47,14 +53,17 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
     _quiet()
     base, tape = _job_and_tape(job_file)
     provider = base.spec.provider.model_copy(update={"sim_draws": draws})
-    spec = base.spec.model_copy(update={"attribution_seed": seed, "provider": provider})
+    coupling = "off" if live == "live" else "estimated"
+    spec = base.spec.model_copy(
+        update={"attribution_seed": seed, "provider": provider, "coupling": coupling}
+    )
     began = time.perf_counter()
     # The default job: validate's cap (10 forks a step).
     outcome, _ = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
     found, right = top1("auto", outcome.attribution, list(top))
     return {
         "job": base.folder.name,
-        "draws": draws,
+        "draws": way,
         "seed": seed,
         "steps": len(tape.steps),
         "forks": outcome.progress.spent.forks,

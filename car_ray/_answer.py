@@ -50,6 +50,10 @@ class Answer(BaseModel):
     # simulated provider's common random numbers: the held game exactly), replays (an
     # identical request only), fresh (never) or unknown; None in files written before.
     provider_draws: Literal["coupled", "replays", "fresh", "unknown"] | None = None
+    # Off the coupled simulator: whether a held step that chose kept its decision as an
+    # estimated maximal coupling would once its request changed ("estimated") or drew live
+    # ("off"); None where the provider couples, or in files written before.
+    coupling: Literal["estimated", "off"] | None = None
 
     @property
     def coupled(self) -> bool:

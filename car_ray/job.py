@@ -143,6 +143,11 @@ class JobSpec(BaseModel):
     # groups, or whole match, are the decision; no match: the whole text).
     hold: Literal["actions", "decisions"] = "actions"
     decision_text: list[str] = Field(default_factory=list)
+    # Where the provider cannot replay a draw for a changed request (any but the coupled
+    # simulated one): "estimated" keeps a choosing step's decision as a maximal coupling of
+    # its recorded and its changed distribution would, estimated from a few draws
+    # (`replay.Run._coupled`); "off" draws it live.
+    coupling: Literal["estimated", "off"] = "estimated"
     interventions: list[InterventionEntry] = Field(
         default_factory=lambda: [InterventionEntry(kind="resample")]
     )
@@ -170,7 +175,7 @@ class JobSpec(BaseModel):
 AttributionRequest = JobSpec
 
 # Job-file keys added after job ids existed, with their defaults (`request_identity`).
-LATER_KEYS: dict[str, Any] = {"hold": "actions", "decision_text": []}
+LATER_KEYS: dict[str, Any] = {"hold": "actions", "decision_text": [], "coupling": "estimated"}
 
 
 def request_identity(request: dict[str, Any]) -> dict[str, Any]:

@@ -208,12 +208,18 @@ def test_a_job_on_a_provider_that_replays_nothing_says_so_in_its_answer_and_verd
     assert "decision for decision" in note.text
     line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     assert line.endswith(
-        "held where the provider replays draws, live once a request changed: steps before a "
-        "cause may share its blame (the provider replays no draw)"
+        "held where the provider replays draws; once a request changed, a step that chose "
+        "keeps its decision as an estimated maximal coupling would and the rest draw live: "
+        "steps before a cause may share a little of its blame (the provider replays no draw)"
     )
     # The planted decision is still found: a re-worded step keeps the recorded answers after
     # it, on any provider.
     assert outcome.answer.top == [2]
+    # Its held forks draw a changed request afresh (`couple` set), and once step 2 was seen
+    # to choose, they carry what keeping its decision takes.
+    held = [ForkSpec.model_validate_json(r["spec"]) for r in rows if r["tail"] == "held"]
+    assert all(spec.couple is not None for spec in held)
+    assert any(2 in (spec.couple or {}) for spec in held if 2 not in spec.interventions)
 
     job, tape = _noisy("late_commit_noisy")
     outcome, rows = run_local(job, tape, Budget(max_forks=120))
@@ -221,6 +227,60 @@ def test_a_job_on_a_provider_that_replays_nothing_says_so_in_its_answer_and_verd
     assert outcome.answer is not None and outcome.answer.provider_draws == "coupled"
     line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     assert "replays" not in line
+
+
+def _flips_after_step_0_changed(
+    couple: dict[int, tuple[float, int]], seeds: int
+) -> tuple[int, int, set[str]]:
+    """jobs/long_tape on a seeded provider: forks re-drawing step 0 (page size 50 or 100,
+    half each, irrelevant), the rest held. Among those whose step 0 changed its decision
+    (so step 2's request changed, though not its distribution: factor 0.10 with probability
+    0.2, the failure), how many flipped, and where step 2's answers came from."""
+    from car_ray.truth._solver import sim_runner
+
+    job, tape = _noisy("long_tape", sim_draws="seeded")
+
+    async def go() -> tuple[int, int, set[str]]:
+        runner = sim_runner(job, tape)
+        changed = flipped = 0
+        sources: set[str] = set()
+        try:
+            for seed in range(seeds):
+                plan: dict[int, Any] = {0: Resample()}
+                spec = ForkSpec(
+                    tape_id=tape.tape_id, interventions=plan, tail="held", seed=seed, couple=couple
+                )
+                row, trajectory = await runner.fork(spec)
+                first = next(e for e in trajectory if e["step"] == 0)
+                if job.decisions.same(first["action"], tape.steps[0].action):
+                    continue
+                changed += 1
+                flipped += bool(row.flipped)
+                sources |= {e["source"] for e in trajectory if e["step"] == 2}
+        finally:
+            await runner.aclose()
+        return changed, flipped, sources
+
+    return run(go())
+
+
+def test_a_step_that_chose_keeps_its_decision_as_a_maximal_coupling_would() -> None:
+    """On a provider that replays no draw, a held step met at a changed request draws live
+    (it keeps the recorded decision 20% of the time at step 2 of long_tape, so a change at
+    step 0, which matters not at all, flips the outcome 80% of the time: the precursor tie);
+    given its recorded decision's share (0.2) it keeps it as a maximal coupling of the
+    recorded and the changed distribution would, estimated from 8 draws: exactly
+    P(min(1, X / 8 / 0.2)) with X ~ Binomial(8, 0.2), 0.707, so 29.3% flip instead of 0 (the
+    coupling itself) or 80% (live). Fixed fork seeds; the tolerance is 3.5 standard errors."""
+    from scipy.stats import binom
+
+    keep = sum(binom.pmf(x, 8, 0.2) * min(1.0, x / 8 / 0.2) for x in range(9))
+    assert abs(keep - 0.7068) < 1e-3
+    for couple, flips, source in (({}, 0.8, "live"), ({2: (0.2, 8)}, 1 - keep, "coupled")):
+        changed, flipped, sources = _flips_after_step_0_changed(couple, 60)
+        assert sources == {source}
+        se = (flips * (1 - flips) / changed) ** 0.5
+        assert abs(flipped / changed - flips) <= 3.5 * se, (couple, changed, flipped)
 
 
 async def _after_reworded(runner: ForkRunner, tape: Any, first: int, decisions: Any) -> list[Any]:

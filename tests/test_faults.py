@@ -153,7 +153,9 @@ def test_a_provider_down_for_good_is_a_failed_job_not_a_crash(
     tmp_path: Path, support_tape: Tape
 ) -> None:
     """Every answer a 429 and one try a call: each fork that calls the provider is tried four
-    times under four distinct ledger keys, then given up, and the job says it failed."""
+    times under four distinct ledger keys, then given up; once three forks are given up
+    with no live call answered, the job stops (the rest would fail the same), says why and
+    what to do, and says it failed."""
     base = load_job(SUPPORT_JOB)
     provider = base.spec.provider.model_copy(update={"sim_rate_429": 1.0, "max_attempts": 1})
     job = Job(base.path, base.spec.model_copy(update={"provider": provider}))
@@ -167,6 +169,12 @@ def test_a_provider_down_for_good_is_a_failed_job_not_a_crash(
     assert failed and all(r["task_id"].rsplit("/p", 1)[1] in "0123" for r in failed)
     assert any("gave up a fork after 4 provider failures" in n.text for n in outcome.notes)
     assert any(n.kind == "failed" and n.text.startswith("FAILED:") for n in outcome.notes)
+    (down,) = [n for n in outcome.notes if n.kind == "provider_down"]
+    assert "answered none of the job's live calls" in down.text and "it resumes" in down.text
+    # Stopped at the third fork given up: only forks already in flight (at most a window of
+    # them) were given up after it, of the 70 the budget allowed.
+    gave_up = sum(n.kind == "gave_up" for n in outcome.notes)
+    assert 3 <= gave_up <= 3 + 8, gave_up
 
 
 FLAKY_AGENT = '''

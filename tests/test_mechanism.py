@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -941,3 +942,39 @@ def test_forks_in_flight_narrow_as_the_verdict_nears() -> None:
     assert sum(r[0] for r in narrowing) < 0.97 * sum(r[0] for r in whole), (narrowing, whole)
     assert all(a[0] <= b[0] + 3 for a, b in zip(narrowing, whole, strict=True)), (narrowing, whole)
     assert sum(r[1] == "separated" for r in narrowing) >= sum(r[1] == "separated" for r in whole)
+
+
+def test_decision_shares_count_each_seeds_draw_once_and_size_the_coupling() -> None:
+    """A step's draws at its recorded request: counted from forks that re-drew or probed it
+    at or before their first deviation, once per fork seed (the forks of a Shapley seed share
+    a step's draw); a step seen to choose gets its share with one draw each way added, and
+    COUPLE_SPAN / share draws of a changed request, at most COUPLE_MOST."""
+    from car_ray.replay import Probe
+    from car_ray.schedule.estimators import DecisionShares
+
+    shares = DecisionShares(most=8, span=2.0)
+
+    def spec(seed: int, redrawn: list[int], probed: tuple[int, ...] = ()) -> ForkSpec:
+        plan: dict[int, Any] = {k: Resample() for k in redrawn} | {k: Probe() for k in probed}
+        return ForkSpec(tape_id="t", interventions=plan, tail="held", seed=seed)
+
+    shares.observe(spec(1, [2, 4]), 4)  # 2 kept, 4 left
+    shares.observe(spec(1, [4]), 4)  # seed 1's draw of 4 again: not counted twice
+    shares.observe(spec(2, [2], probed=(4, 6)), 2)  # 2 left; 4 and 6 after it: not seen
+    shares.observe(spec(3, [0], probed=(2,)), None)  # 0 and 2 kept
+    assert dict(shares.kept) == {2: 2, 0: 1} and dict(shares.left) == {4: 1, 2: 1}
+    assert shares.share(2) == 3 / 5 and shares.share(4) == 1 / 3
+    assert shares.coupling() == {2: (0.6, 4), 4: (round(1 / 3, 6), 6)}
+    for seed in range(100, 130):  # a step that rarely keeps its decision: at most 8 draws
+        shares.observe(spec(seed, [4]), 4)
+    assert shares.coupling()[4][1] == 8
+
+
+def test_a_forks_coupling_is_not_part_of_its_identity() -> None:
+    plan: dict[int, Any] = {0: Resample()}
+    bare = ForkSpec(tape_id="t", interventions=plan, tail="held", seed=3)
+    coupled = ForkSpec(tape_id="t", interventions=plan, tail="held", seed=3, couple={2: (0.5, 4)})
+    assert bare.task_id == coupled.task_id
+    assert ForkSpec.model_validate_json(coupled.model_dump_json()).couple == {2: (0.5, 4)}
+    with pytest.raises(ValueError, match="couple: steps \\[2\\] need a share in"):
+        ForkSpec(tape_id="t", couple={2: (0.0, 4)})

@@ -65,6 +65,27 @@ class ForkSpec(BaseModel):
     interventions: dict[int, Intervention] = Field(default_factory=dict)
     tail: Tail = "live"
     seed: int = 0
+    # None: the provider couples draws (a held step met at a changed request is answered with
+    # the recorded draw's seed). Else the provider cannot, and such a step draws afresh,
+    # except the steps given here, which chose at their recorded request: each with the share
+    # of its draws there that made the recorded decision and the draws a changed request gets
+    # (`Run._coupled`). How the fork runs, not which fork it is: the task id leaves it out
+    # (a resumed job finds the fork whatever its estimate was then).
+    couple: dict[int, tuple[float, int]] | None = None
+
+    @field_validator("couple")
+    @classmethod
+    def _shares(
+        cls, value: dict[int, tuple[float, int]] | None
+    ) -> dict[int, tuple[float, int]] | None:
+        bad = [
+            k
+            for k, (share, draws) in (value or {}).items()
+            if k < 0 or not 0 < share <= 1 or draws < 1
+        ]
+        if bad:
+            raise ValueError(f"couple: steps {bad} need a share in (0, 1] and at least one draw")
+        return value
 
     @field_validator("interventions")
     @classmethod
@@ -77,7 +98,7 @@ class ForkSpec(BaseModel):
     @property
     def task_id(self) -> str:
         """The hash of the spec: the same fork has the same id wherever it runs."""
-        return digest_of(self.model_dump(mode="json"))[:32]
+        return digest_of(self.model_dump(mode="json", exclude={"couple"}))[:32]
 
 
 @dataclass(frozen=True)
@@ -502,7 +523,7 @@ class ForkRunner:
             loop=asyncio.get_running_loop(),
             upstream=self._engine.upstream,
             tape=tape,
-            plan=Plan(dict(spec.interventions), spec.tail),
+            plan=Plan(dict(spec.interventions), spec.tail, spec.couple),
             seed=spec.seed,
             base_urls=self._engine.base_urls.as_dict(),
             prices=self._engine.prices,

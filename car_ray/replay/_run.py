@@ -64,7 +64,9 @@ TAPE_RESPONSE_HEADERS = frozenset({"content-type", "request-id", "x-request-id"}
 NEVER = 1 << 62
 
 Tail = Literal["live", "pinned", "held"]
-Source = Literal["recorded", "replay", "live", "forced", "pinned", "held", "rederived", "blocked"]
+Source = Literal[
+    "recorded", "replay", "live", "forced", "pinned", "held", "rederived", "coupled", "blocked"
+]
 
 
 class EffectBlocked(BaseException):
@@ -132,6 +134,12 @@ def step_seed(seed: int, step: int) -> int:
     return int(hashlib.sha256(f"{seed}:{step}".encode()).hexdigest()[:15], 16)
 
 
+def coupling_seed(seed: int, step: int, draw: int) -> int:
+    """The seed of a coupled step's draw `draw` in a fork (`Run._coupled`), and of its choice
+    (`draw` -1): fixed by the fork's seed, apart from `fresh_seed`'s domain."""
+    return int(hashlib.sha256(f"couple/{seed}:{step}:{draw}".encode()).hexdigest()[:15], 16)
+
+
 def fresh_seed(seed: int, step: int) -> int:
     """The seed of one fresh draw in a fork: fixed by the fork's seed and the step (so a
     rerun of the same task draws the same way), and never a recording's seed for that step
@@ -145,6 +153,10 @@ class Plan:
 
     interventions: dict[int, Intervention] = field(default_factory=dict)
     tail: Tail = "live"
+    # None: the provider couples draws. Else a held step met at a changed request draws
+    # afresh, or, for a step given here, keeps its decision as a maximal coupling would:
+    # step -> (share of its recorded-request draws that made it, draws to make).
+    couple: dict[int, tuple[float, int]] | None = None
 
     @property
     def first(self) -> int:
@@ -561,13 +573,21 @@ class Run:
         if self.plan.tail == "held" and self.swap is None:
             # The rest of the run keeps its mechanism: the recorded answer while the request
             # is the recorded one (decision for decision, where the job holds decisions),
-            # else an answer drawn with the recorded draw's randomness.
+            # else an answer drawn with the recorded draw's randomness where the provider
+            # couples draws.
             if (
                 isinstance(recorded, LlmEvent)
                 and recorded.request.path == path
                 and self._recorded_request(body, request, recorded)
             ):
                 return self._serve(k, recorded, "held", body)
+            couple = self.plan.couple
+            if couple is not None:
+                # The recorded draw's seed lands nowhere in particular at a changed request:
+                # every fork would share one unrelated sample. Each draws its own instead.
+                if k in couple and isinstance(recorded, LlmEvent):
+                    return await self._coupled(k, request, body, recorded, *couple[k])
+                return await self._live(k, request, body)
             if self.recorded_seed is not None:
                 return await self._live(
                     k, request, body, draw_seed=step_seed(self.recorded_seed, k)
@@ -645,8 +665,11 @@ class Run:
         log.info("provider_failure", step=k, status=failure.status)
         raise failure
 
-    def _check_limit(self, k: int, body: Any) -> None:
-        assert self.limit is not None
+    def _check_limit(self, k: int, body: Any, *, calls: int = 1) -> None:
+        """Cut the fork (`BudgetCut`) before `calls` live calls of `body` that could take its
+        spend past its reservation."""
+        if self.limit is None or (self.limit.usd is None and self.limit.tokens is None):
+            return
         # Sized like the reservation was (canonical JSON), so a fork that repeats its
         # recorded calls always fits the reservation made for it.
         tokens, usd = call_bound(
@@ -656,6 +679,7 @@ class Run:
             self.limit.default_output_tokens,
             self.limit.tokens_per_byte,
         )
+        tokens, usd = tokens * calls, usd * calls
         spend = self.spend
         over_usd = self.limit.usd is not None and spend.cost_usd + usd > self.limit.usd
         over_tokens = (
@@ -714,21 +738,11 @@ class Run:
         )
         return WireResponse(200, (("content-type", content_type),), data)
 
-    async def _live(
-        self,
-        k: int,
-        request: WireRequest,
-        body: Any,
-        *,
-        record: bool = False,
-        draw_seed: int | None = None,
-    ) -> WireResponse:
-        """One call to the provider. Recording draws with the recording's seed; a fork draws
-        fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's."""
-        if self.upstream is None:
-            # A replay has no network path: an unrecorded request is an error, never a call.
-            self._diverge(k, "the run needs a live call but has no live provider (replay only)")
-        assert self.upstream is not None
+    def _prepared(
+        self, request: WireRequest, body: Any, *, record: bool
+    ) -> tuple[WireRequest, Any]:
+        """The request as a fork sends it: a Responses conversation spelled out through
+        answers the provider never issued, and a swapped model or endpoint."""
         codec = codec_for_path(urlsplit(request.url).path)
         if codec is RESPONSES and not record:
             expanded = self._explicit_conversation(body)
@@ -746,26 +760,21 @@ class Run:
                 if base and url.startswith(base):
                     url = self.swap.base_url.rstrip("/") + url[len(base.rstrip("/")) :]
             request = WireRequest(request.method, url, request.headers, canonical_bytes(body))
-        if record:
-            seed = step_seed(self.seed, k)
-        elif draw_seed is not None:
-            seed = draw_seed
-        else:
-            seed = fresh_seed(self.seed, k)
-            self.fresh_draws += 1
+        return request, body
+
+    async def _call(
+        self, k: int, request: WireRequest, body: Any, seed: int, *, record: bool = False
+    ) -> tuple[WireResponse, dict[str, Any], Usage]:
+        """Send one prepared call with `seed` and read its answer: the response, the
+        trajectory fields and the usage. A fork's call is counted in its spend."""
+        codec = codec_for_path(urlsplit(request.url).path)
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
             (SEED_HEADER, str(seed)),
         )
-        if (
-            self.limit is not None
-            and not record
-            and (self.limit.usd is not None or self.limit.tokens is not None)
-        ):
-            self._check_limit(k, body)
         wire = WireRequest(request.method, request.url, headers, request.body)
         if record:
-            response = await self.upstream.send(wire)
+            response = await self._upstream_or_diverge(k).send(wire)
         else:
             response = await self._send_fork_call(k, wire)
         stream = bool(isinstance(body, dict) and body.get("stream"))
@@ -792,15 +801,48 @@ class Run:
             "status": response.status,
             "action": action.to_json() if action else None,
         }
-        self.trajectory.append(
-            llm_entry(k, fields, "rederived" if draw_seed is not None else "live")
-        )
         self.spend.retries += response.retries
         if not record:
             self.spend.tail_calls += 1
             self.spend.tokens_in += usage.input_tokens
             self.spend.tokens_out += usage.output_tokens
             self.spend.cost_usd += self.prices.cost_usd(model, usage)
+        return response, fields, usage
+
+    def _upstream_or_diverge(self, k: int) -> Upstream:
+        if self.upstream is None:
+            # A replay has no network path: an unrecorded request is an error, never a call.
+            self._diverge(k, "the run needs a live call but has no live provider (replay only)")
+        assert self.upstream is not None
+        return self.upstream
+
+    async def _live(
+        self,
+        k: int,
+        request: WireRequest,
+        body: Any,
+        *,
+        record: bool = False,
+        draw_seed: int | None = None,
+    ) -> WireResponse:
+        """One call to the provider. Recording draws with the recording's seed; a fork draws
+        fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's."""
+        self._upstream_or_diverge(k)
+        request, body = self._prepared(request, body, record=record)
+        if record:
+            seed = step_seed(self.seed, k)
+        elif draw_seed is not None:
+            seed = draw_seed
+        else:
+            seed = fresh_seed(self.seed, k)
+            self.fresh_draws += 1
+        if not record:
+            self._check_limit(k, body)
+        response, fields, usage = await self._call(k, request, body, seed, record=record)
+        self.trajectory.append(
+            llm_entry(k, fields, "rederived" if draw_seed is not None else "live")
+        )
+        if not record:
             return response
         text: str | None
         try:
@@ -833,7 +875,7 @@ class Run:
                         for n, v in response.headers
                         if n.lower() in TAPE_RESPONSE_HEADERS
                     },
-                    "stream": stream,
+                    "stream": bool(isinstance(body, dict) and body.get("stream")),
                     "body_text": text,
                     "body_b64": b64,
                     "sha256": sha256_hex(response.body),
@@ -843,6 +885,42 @@ class Run:
                 "latency_s": round(response.latency_s, 6),
             },
         )
+        return response
+
+    async def _coupled(
+        self, k: int, request: WireRequest, body: Any, recorded: LlmEvent, share: float, draws: int
+    ) -> WireResponse:
+        """A held step that chose at its recorded request, met at a changed one, where the
+        provider cannot replay a draw (`Plan.couple`). A maximal coupling of the recorded
+        distribution p and the changed one p' keeps the recorded decision d with probability
+        min(1, p'(d) / p(d)) and otherwise draws from what p' adds. `share` estimates p(d);
+        `draws` calls of the changed request estimate p'(d) as the share of them that decide
+        d; the step keeps d (answering with one of those draws) with probability
+        min(1, that share / `share`), and otherwise answers with a draw that decided
+        otherwise. Every draw is a live call in the fork's spend. What it cannot do: a
+        finite number of draws keeps d a little less often than the coupling would where
+        p'(d) is near p(d) (with 4 draws at p' = p = 0.5, 0.81 of the time against 1), and
+        the other answer is drawn from p', not from what p' adds to p."""
+        self._upstream_or_diverge(k)
+        request, body = self._prepared(request, body, record=False)
+        self._check_limit(k, body, calls=draws)
+        answers = await asyncio.gather(
+            *(self._call(k, request, body, coupling_seed(self.seed, k, j)) for j in range(draws))
+        )
+        self.fresh_draws += draws
+        decided = self.decisions.decision(recorded.action)
+        same = [
+            i
+            for i, (_, fields, _) in enumerate(answers)
+            if fields["status"] == 200 and self.decisions.decision(fields["action"]) == decided
+        ]
+        keep = random.Random(coupling_seed(self.seed, k, -1)).random() < min(
+            1.0, len(same) / draws / share
+        )
+        others = [i for i in range(draws) if i not in same]
+        chosen = same[0] if (keep and same) or not others else others[0]
+        response, fields, _ = answers[chosen]
+        self.trajectory.append(llm_entry(k, fields, "coupled"))
         return response
 
     # -- tool calls ------------------------------------------------------------------

@@ -212,12 +212,13 @@ def verdict(
     and says so; "no step to blame" only for an answered job with no step left unexamined;
     otherwise "not answered", with what was and was not examined and what would reach the
     rest. A failed or stopped job (a status not in `RAN`) names no cause it did not show.
-    A job on a provider that does not couple draws says that its held steps drew live once
-    their request changed (`Answer.provider_draws`)."""
+    A job on a provider that does not couple draws says what its held steps did once their
+    request changed (`Answer.provider_draws`, `Answer.coupling`)."""
     answer = answer_of(answer, status, notes)
     line = _verdict(rows, tape, status, answer)
     if answer is not None and not answer.coupled and line != "verdict: no step measured":
-        line += f"; {LIVE_AFTER_CHANGE} ({_DRAWS[answer.provider_draws or 'unknown']})"
+        held = COUPLED_AFTER_CHANGE if answer.coupling == "estimated" else LIVE_AFTER_CHANGE
+        line += f"; {held} ({_DRAWS[answer.provider_draws or 'unknown']})"
     return line
 
 
@@ -225,6 +226,11 @@ def verdict(
 LIVE_AFTER_CHANGE = (
     "held where the provider replays draws, live once a request changed: steps before a "
     "cause may share its blame"
+)
+COUPLED_AFTER_CHANGE = (
+    "held where the provider replays draws; once a request changed, a step that chose keeps "
+    "its decision as an estimated maximal coupling would and the rest draw live: steps "
+    "before a cause may share a little of its blame"
 )
 _DRAWS = {
     "replays": "the provider replays an identical request only",

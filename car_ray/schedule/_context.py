@@ -112,10 +112,18 @@ class Seeds:
     it (or an earlier run of the job) used. The Shapley stage and the held control count
     over the whole stage (they name their seeds), every other stage per arm."""
 
-    def __init__(self, tape_id: str, base: int) -> None:
+    def __init__(
+        self,
+        tape_id: str,
+        base: int,
+        couple: Callable[[], dict[int, tuple[float, int]]] | None = None,
+    ) -> None:
         self.tape_id = tape_id
         self.base = base
         self.next: dict[tuple[str, ArmKey], int] = defaultdict(int)
+        # What a held fork needs to keep a choosing step's decision where the provider cannot
+        # replay a draw (`DecisionShares.coupling`); None: the provider couples draws.
+        self.couple = couple
 
     @staticmethod
     def counter(stage: str, key: ArmKey) -> tuple[str, ArmKey]:
@@ -134,7 +142,13 @@ class Seeds:
         if seed is None:
             seed = self.next[counter]
         self.next[counter] = max(self.next[counter], seed + 1)
-        return ForkSpec(tape_id=self.tape_id, interventions=plan, tail=tail, seed=self.base + seed)
+        couple = None
+        if self.couple is not None and tail == "held":
+            couple = {k: c for k, c in self.couple().items() if k not in plan}
+        base = self.base
+        return ForkSpec(
+            tape_id=self.tape_id, interventions=plan, tail=tail, seed=base + seed, couple=couple
+        )
 
     def saw(self, stage: str, key: ArmKey, spec: ForkSpec) -> None:
         """A row of the counter's: it counts on past the row's seed."""

@@ -83,9 +83,10 @@ class ForkCosts:
         stay under (its SpendLimit must use the same), and whether it was learned.
 
         The worst case: every recorded model call from the first intervention on, TAIL_SLACK
-        times, plus one, each at the largest call's bound. Learned, once LEARN_AFTER forks of
-        its shape (`shapes`) have settled under a dollar or token cap: their most live calls,
-        each at the bound with a learned output (`output_bound`). A fork that needs more is
+        times, plus one, and a coupled step's extra draws, each at the largest call's bound.
+        Learned, once LEARN_AFTER forks of its shape (`shapes`) have settled under a dollar or
+        token cap: their most live calls, each at the bound with a learned output
+        (`output_bound`). A fork that needs more is
         cut at its reservation, never overspent, and runs again at the worst case."""
         seen = self._seen_calls(spec)
         worst_calls = self._tail_calls(spec)
@@ -104,7 +105,10 @@ class ForkCosts:
         # Pinned tails too: a pin is lost (and the call goes live) when the run's shape
         # leaves the tape's, so every later model call may be live.
         live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
-        return len(live) * TAIL_SLACK + 1
+        # A coupled step met at a changed request draws several times (`Run._coupled`).
+        couple = spec.couple or {}
+        coupled = sum(draws - 1 for k, (_, draws) in couple.items() if k >= first)
+        return len(live) * TAIL_SLACK + 1 + coupled
 
     def call_bound(self, spec: ForkSpec, output: int) -> Cost:
         """The largest live call a fork may make (tokens, usd): the recorded requests it may

@@ -43,7 +43,8 @@ from ._table import (
     held_notes,
     measured_answer,
 )
-from ._tuning import FAILED_SHARE, LEARN_AFTER
+from ._tuning import COUPLE_MOST, COUPLE_SPAN, FAILED_SHARE, LEARN_AFTER
+from .estimators import DecisionShares
 from .rules import NarrowingWindow, SignAndT, earlier_if_blameless
 from .stages import UNSCORED, Lead, Next, Stage
 
@@ -153,8 +154,22 @@ class Scheduler:
         self.provider_failed: Counter[str] = Counter()
         self.attempts: dict[str, int] = {}  # a fork's next attempt number (ledger key)
         self.given_up = 0  # forks given up after PROVIDER_ATTEMPTS provider failures
+        self.live_answers = 0  # forks whose live calls the provider answered
         self.arms = job_arms(job, tape)
-        self.seeds = Seeds(tape.tape_id, seed_base(self.spec.attribution_seed, tape.run_digest))
+        # The simulated provider couples draws: a held fork with no fresh draw is then
+        # deterministic, and one fork is its exact value. Elsewhere a held step that chose
+        # keeps its decision as a maximal coupling would, estimated (`DecisionShares`).
+        honours_seed = (
+            self.spec.provider.base_url is None and self.spec.provider.sim_draws == "coupled"
+        )
+        self.shares = DecisionShares(most=COUPLE_MOST, span=COUPLE_SPAN)
+        couple: Callable[[], dict[int, tuple[float, int]]] | None = None
+        if not honours_seed:
+            estimated = self.spec.coupling == "estimated"
+            couple = self.shares.coupling if estimated else dict
+        self.seeds = Seeds(
+            tape.tape_id, seed_base(self.spec.attribution_seed, tape.run_digest), couple
+        )
         self.context = JobContext(
             spec=self.spec,
             tape=tape,
@@ -164,10 +179,7 @@ class Scheduler:
             rules=rules,
             forks_left=self.forks_left,
             go_on=self.governor.go_on,
-            # The simulated provider couples draws: a held fork with no fresh draw is then
-            # deterministic, and one fork is its exact value.
-            honours_seed=self.spec.provider.base_url is None
-            and self.spec.provider.sim_draws == "coupled",
+            honours_seed=honours_seed,
             precise_only=precise_only,
         )
         self.plan = plan
@@ -226,6 +238,8 @@ class Scheduler:
             return
         spec = ForkSpec.model_validate_json(row["spec"])
         self.statuses[row["status"]] += 1
+        if row.get("tail_calls"):  # answered live calls (a failed one is not counted)
+            self.live_answers += 1
         self.costs.settled(row, spec)
         if task.endswith("/cut"):
             return  # cut at a learned reservation: the fork runs again at the worst case
@@ -235,6 +249,8 @@ class Scheduler:
             self.progress.provider_errors += 1
             return
         self.rows.by_task[task] = row
+        if row["outcome"] is not None:
+            self.shares.observe(spec, row.get("first_deviation"))
         stage = row["stage"]
         key = arm_key_of(stage, spec)
         self.seeds.saw(stage, key, spec)
@@ -440,7 +456,8 @@ class Scheduler:
             draws = "coupled"
         else:
             draws = results.draws.draws if results.draws is not None else "unknown"
-        answer = answer.model_copy(update={"provider_draws": draws})
+        coupling = None if self.context.honours_seed else self.spec.coupling
+        answer = answer.model_copy(update={"provider_draws": draws, "coupling": coupling})
         self.tick()
         return JobOutcome(self.job_id, self.status, rows, self.notes, self.progress, answer)
 

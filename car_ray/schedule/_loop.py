@@ -31,7 +31,7 @@ from .._notes import Note
 from ..execute import BatchLost, Executor, Item, Row, RowSink
 from ..replay import ForkSpec
 from ._budget import Budget, BudgetGovernor, Cost, ReservationExceeded
-from ._tuning import PROVIDER_ATTEMPTS, WAIT_S
+from ._tuning import PROVIDER_ATTEMPTS, PROVIDER_DOWN_FORKS, WAIT_S
 
 log = structlog.get_logger("car_ray.schedule")
 
@@ -128,6 +128,7 @@ class JobSource(Protocol):
     rows_by_task: dict[str, dict[str, Any]]
     provider_failed: Counter[str]
     given_up: int
+    live_answers: int
 
     @property
     def window(self) -> int: ...
@@ -440,6 +441,24 @@ class RunLoop:
                         f"(last: {row['error']})",
                     )
                 )
+                if source.given_up >= PROVIDER_DOWN_FORKS and not source.live_answers:
+                    # No live call of the job has been answered: the provider is down (or
+                    # refuses the key) for good, and every fork to come would fail the same.
+                    source.governor.stop(
+                        f"the provider failed every live call of the job's first "
+                        f"{source.given_up} forks given up"
+                    )
+                    source.notes.append(
+                        Note(
+                            kind="provider_down",
+                            severity="error",
+                            text=f"stopped: the provider answered none of the job's live calls "
+                            f"({source.given_up} forks given up after {PROVIDER_ATTEMPTS} tries "
+                            f"each; last: {row['error']}). Check the provider's address, key "
+                            "and status, then run the same command again: it resumes",
+                            figures={"given_up": source.given_up},
+                        )
+                    )
                 source.unrun(spec)
                 return
             self._again(slot, row["stage"], spec, row["attempt"], worst=False)

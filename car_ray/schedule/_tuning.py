@@ -42,6 +42,8 @@ CLEAR_GRID_RATIO = 1.15
 ARM_FORKS = 8
 # -- what the provider does with a seed -----------------------------------------------------------
 DRAWS_STEPS = 3
+COUPLE_SPAN = 2.0
+COUPLE_MOST = 8
 # -- budgets, reservations and the run loop -------------------------------------------------------
 DEFAULT_FORKS_PER_STEP = 10
 DEFAULT_MAX_FORKS = 2000
@@ -51,6 +53,7 @@ LEARNED_OUTPUT_FLOOR = 32
 TAIL_SLACK = 2
 FAILED_SHARE = 0.5
 PROVIDER_ATTEMPTS = 4
+PROVIDER_DOWN_FORKS = 3
 WAIT_S = 0.25
 
 _NOT_MEASURED = "not measured: a design choice"
@@ -63,6 +66,20 @@ RECORD: dict[str, Evidence] = {
         "27bace0",
         "none (a step that answers the same to every seed says nothing; three in a row "
         "that do are a tape that hardly varies)",
+    ),
+    "COUPLE_SPAN": Evidence(
+        "draws of a changed request a coupled step gets, times its recorded decision's share "
+        "(about this many of them make the recorded decision where nothing changed it)",
+        "reasoning: with n draws the step keeps its decision with probability at least "
+        "1 - (1 - p)^n where the change left its share p alone; at n = 2 / p about 0.86",
+        "this commit",
+        "see benchmarks/draws.py",
+    ),
+    "COUPLE_MOST": Evidence(
+        "most draws of a changed request a coupled step gets",
+        _NOT_MEASURED + " (each is a live call)",
+        "this commit",
+        "none",
     ),
     "SCREEN_FIRST": Evidence(
         "clean re-draws of every step after which the screen's first pass stops, having "
@@ -204,6 +221,13 @@ RECORD: dict[str, Evidence] = {
         "runs of a fork whose provider keeps failing before it is given up",
         _NOT_MEASURED + " (tests/test_faults.py checks the behaviour, not the number)",
         "43ac921",
+        "none",
+    ),
+    "PROVIDER_DOWN_FORKS": Evidence(
+        "forks given up, with no live call of the job answered, after which the job stops as "
+        "failed (the provider is down or refuses the key)",
+        _NOT_MEASURED + " (tests/test_faults.py checks the behaviour, not the number)",
+        "this commit",
         "none",
     ),
     "WAIT_S": Evidence(

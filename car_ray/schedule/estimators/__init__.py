@@ -3,8 +3,9 @@ leave the tape), the seed-wise Shapley of the held game, and exact Shapley value
 
 from __future__ import annotations
 
+from ._decision_shares import DecisionShares
 from ._deviation_screen import DeviationScreen
 from ._exact import exact_shapley
 from ._seed_shapley import SeedShapley
 
-__all__ = ["DeviationScreen", "SeedShapley", "exact_shapley"]
+__all__ = ["DecisionShares", "DeviationScreen", "SeedShapley", "exact_shapley"]

@@ -46,9 +46,11 @@ class ProviderDraws(BaseStage):
     not vary), and the next earlier one is asked. A job on a live provider (`base_url`) asks
     nothing: car-ray's seed is a header only the simulated provider reads, so its draws are
     `fresh`. Either way the job computes the same thing: a held step keeps its recorded
-    answer while its request is the recorded one and draws live once it changed (no provider
-    but the coupled simulated one lands a changed request on the recorded draw's point); the
-    finding goes into the answer and the verdict says so. Hands back `DrawsResult`."""
+    answer while its request is the recorded one; once it changed (no provider but the
+    coupled simulated one lands a changed request on the recorded draw's point) a step seen
+    to choose keeps its decision as an estimated maximal coupling would (`coupling`
+    "estimated", `replay.Run._coupled`) and any other draws live; the finding goes into the
+    answer and the verdict says so. Hands back `DrawsResult`."""
 
     name = "draws"
 
@@ -131,7 +133,13 @@ class ProviderDraws(BaseStage):
             text=f"the provider does not couple draws: {how}. A held step keeps its "
             "recorded answer while its request is the recorded one"
             + (", decision for decision" if self.ctx.spec.hold == "decisions" else "")
-            + ", and draws live once it changed: steps before a cause may share its blame",
+            + (
+                "; once it changed, a step seen to choose keeps its decision as an estimated "
+                "maximal coupling would and any other draws live: steps before a cause may "
+                "share a little of its blame"
+                if self.ctx.spec.coupling == "estimated"
+                else ", and draws live once it changed: steps before a cause may share its blame"
+            ),
             figures={"reasks": self._asked},
         )
         return (DrawsResult(found, self._asked, (note,)),)

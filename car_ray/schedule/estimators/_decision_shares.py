@@ -1,0 +1,56 @@
+"""How often a step re-drawn at its recorded request makes its recorded decision."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ...replay import ForkSpec, Probe, Resample
+
+
+@dataclass
+class DecisionShares:
+    """How often each step, drawn afresh at its recorded request, made its recorded decision:
+    from every scored fork that re-drew or probed it while the run was still on the tape (at
+    or before the fork's first deviation), once per fork seed (a fork seed fixes a step's
+    draw there, so the forks of one Shapley seed show it once). `coupling` turns the steps
+    seen to choose into what a held fork needs to keep their decisions as a maximal coupling
+    would where the provider cannot replay a draw (`replay.Run._coupled`)."""
+
+    most: int
+    span: float
+    kept: Counter[int] = field(default_factory=Counter)
+    left: Counter[int] = field(default_factory=Counter)
+    seen: set[tuple[int, int]] = field(default_factory=set)
+
+    def observe(self, spec: ForkSpec, first_deviation: int | None) -> None:
+        drawn = sorted(
+            k for k, iv in spec.interventions.items() if isinstance(iv, Resample | Probe)
+        )
+        for k in drawn:
+            if first_deviation is not None and k > first_deviation:
+                break
+            if (spec.seed, k) in self.seen:
+                continue
+            self.seen.add((spec.seed, k))
+            if k == first_deviation:
+                self.left[k] += 1
+            else:
+                self.kept[k] += 1
+
+    def share(self, k: int) -> float:
+        """The recorded decision's share of step k's draws at its recorded request, with one
+        draw each way added (Laplace's rule: a step found at its first draw is not taken
+        never to make its recorded decision)."""
+        return (self.kept[k] + 1) / (self.kept[k] + self.left[k] + 2)
+
+    def coupling(self) -> dict[int, tuple[float, int]]:
+        """Every step seen to choose otherwise at its recorded request: its share and the
+        draws a changed request gets, `span` / share of them (so a share p is estimated at
+        about `span` expected draws of the recorded decision), at most `most`."""
+        out: dict[int, tuple[float, int]] = {}
+        for k in sorted(self.left):
+            share = self.share(k)
+            out[k] = (round(share, 6), min(self.most, math.ceil(self.span / share)))
+        return out
