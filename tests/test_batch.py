@@ -196,6 +196,9 @@ def test_a_sigkilled_batch_or_sweep_resumes_without_losing_or_repeating_a_row(
     before = _rows_on_disk(folder)
     spent_before = BatchInfo.model_validate_json((folder / "batch.json").read_text()).spent
 
+    # The same command; the provider answers at once now (a provider setting is not part of
+    # a job's or a batch's identity: the jobs resume).
+    support_job_file(tmp_path / "job", paths[0], sim_latency_ms="0")
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stdout + second.stderr
     after = _rows_on_disk(folder)

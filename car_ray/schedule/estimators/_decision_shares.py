@@ -46,11 +46,15 @@ class DecisionShares:
         return (self.kept[k] + 1) / (self.kept[k] + self.left[k] + 2)
 
     def coupling(self) -> dict[int, tuple[float, int]]:
-        """Every step seen to choose otherwise at its recorded request: its share and the
-        draws a changed request gets, `span` / share of them (so a share p is estimated at
-        about `span` expected draws of the recorded decision), at most `most`."""
+        """Every step seen to choose otherwise at its recorded request whose recorded
+        decision `most` draws would expect to see at least once: its share and the draws a
+        changed request gets, `span` / share of them (about `span` expected draws of the
+        recorded decision where the change left its share alone), at most `most`. A step
+        whose recorded decision is rarer (its words, where a job holds whole actions of a
+        model that never repeats them) draws live: its draws could not tell its share."""
         out: dict[int, tuple[float, int]] = {}
         for k in sorted(self.left):
             share = self.share(k)
-            out[k] = (round(share, 6), min(self.most, math.ceil(self.span / share)))
+            if share * self.most >= 1:
+                out[k] = (round(share, 6), min(self.most, math.ceil(self.span / share)))
         return out
