@@ -181,17 +181,23 @@ LATER_KEYS: dict[str, Any] = {"hold": "actions", "decision_text": [], "coupling"
 def request_identity(request: dict[str, Any]) -> dict[str, Any]:
     """A request (a job file's model as JSON, as job.json keeps it) as a job's identity sees
     it: without `NOT_IDENTITY`'s keys, and without keys added after job ids existed that
-    hold their defaults (`LATER_KEYS`: earlier jobs keep their ids). The simulated
-    provider's `sim_draws` is the one provider setting that is (as `sim_draws`, when not
-    "coupled"): it changes which game the forks compute."""
+    hold their defaults (`LATER_KEYS`: earlier jobs keep their ids). What the provider does
+    with a draw is part of it, as it changes which game the forks compute: the simulated
+    provider's `sim_draws` when not "coupled", and for any provider that does not couple
+    (that, or a `base_url`), what a held step does once its request changed (`coupling`, as
+    `held_after_change`: a job begun before car-ray coupled decisions computed another game
+    and does not resume into this one)."""
     identity = {
         k: v
         for k, v in request.items()
         if k not in NOT_IDENTITY and not (k in LATER_KEYS and v == LATER_KEYS[k])
     }
-    draws = (request.get("provider") or {}).get("sim_draws", "coupled")
+    provider = request.get("provider") or {}
+    draws = provider.get("sim_draws", "coupled")
     if draws != "coupled":
         identity["sim_draws"] = draws
+    if draws != "coupled" or provider.get("base_url") is not None:
+        identity["held_after_change"] = request.get("coupling", LATER_KEYS["coupling"])
     return identity
 
 

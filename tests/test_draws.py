@@ -215,11 +215,13 @@ def test_a_job_on_a_provider_that_replays_nothing_says_so_in_its_answer_and_verd
     # The planted decision is still found: a re-worded step keeps the recorded answers after
     # it, on any provider.
     assert outcome.answer.top == [2]
-    # Its held forks draw a changed request afresh (`couple` set), and once step 2 was seen
-    # to choose, they carry what keeping its decision takes.
-    held = [ForkSpec.model_validate_json(r["spec"]) for r in rows if r["tail"] == "held"]
-    assert all(spec.couple is not None for spec in held)
-    assert any(2 in (spec.couple or {}) for spec in held if 2 not in spec.interventions)
+    # Its held forks draw a changed request afresh (`couple` set); once step 2 was seen to
+    # choose, its Shapley forks carry what keeping its decision takes, and the screen's
+    # forks nothing (extra draws would not tell the screen where a fork left the tape).
+    held = [(r["stage"], ForkSpec.model_validate_json(r["spec"])) for r in rows]
+    assert all(spec.couple is not None for _, spec in held if spec.tail == "held")
+    assert all(2 in (spec.couple or {}) for stage, spec in held if stage == "shapley")
+    assert all(spec.couple == {} for stage, spec in held if stage == "screen")
 
     job, tape = _noisy("late_commit_noisy")
     outcome, rows = run_local(job, tape, Budget(max_forks=120))
@@ -372,3 +374,11 @@ def test_the_provider_draws_are_part_of_a_jobs_identity(
         coupled,
         job_id_of(job_with(sim_draws="seeded"), support_tape),
     )
+    # Off the coupled simulator, what a held step does once its request changed is part of
+    # the game (and so is being off it: a live provider is another game than the simulator).
+    live = job_with(base_url="https://api.example")
+    assert job_id_of(live, support_tape) != coupled
+    off = Job(live.path, live.spec.model_copy(update={"coupling": "off"}))
+    assert job_id_of(off, support_tape) != job_id_of(live, support_tape)
+    on_sim = Job(support_job.path, support_job.spec.model_copy(update={"coupling": "off"}))
+    assert job_id_of(on_sim, support_tape) != coupled  # a key set away from its default

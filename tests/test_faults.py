@@ -170,7 +170,7 @@ def test_a_provider_down_for_good_is_a_failed_job_not_a_crash(
     assert any("gave up a fork after 4 provider failures" in n.text for n in outcome.notes)
     assert any(n.kind == "failed" and n.text.startswith("FAILED:") for n in outcome.notes)
     (down,) = [n for n in outcome.notes if n.kind == "provider_down"]
-    assert "answered none of the job's live calls" in down.text and "it resumes" in down.text
+    assert "answered none of this run's live calls" in down.text and "it resumes" in down.text
     # Stopped at the third fork given up: only forks already in flight (at most a window of
     # them) were given up after it, of the 70 the budget allowed.
     gave_up = sum(n.kind == "gave_up" for n in outcome.notes)

@@ -904,10 +904,17 @@ class Run:
         self._upstream_or_diverge(k)
         request, body = self._prepared(request, body, record=False)
         self._check_limit(k, body, calls=draws)
-        answers = await asyncio.gather(
-            *(self._call(k, request, body, coupling_seed(self.seed, k, j)) for j in range(draws))
+        # Every draw settles before the fork goes on or fails: each is paid for, and the
+        # fork's spend must hold them all when its row is written.
+        settled = await asyncio.gather(
+            *(self._call(k, request, body, coupling_seed(self.seed, k, j)) for j in range(draws)),
+            return_exceptions=True,
         )
         self.fresh_draws += draws
+        failed = [a for a in settled if isinstance(a, BaseException)]
+        if failed:
+            raise failed[0]
+        answers = [a for a in settled if not isinstance(a, BaseException)]
         decided = self.decisions.decision(recorded.action)
         same = [
             i

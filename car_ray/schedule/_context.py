@@ -106,6 +106,11 @@ def arm_key_of(stage: str, spec: ForkSpec) -> ArmKey:
     return f"{iv.kind}@{step}"
 
 
+# The stages whose held forks keep a choosing step's decision off the coupled simulator
+# (`Seeds.couple`): those whose outcomes are the estimates.
+COUPLED_STAGES = frozenset({"shapley", "arms"})
+
+
 class Seeds:
     """The fork-spec factory: each stage's forks draw their seeds from a counter, so a fixed
     stage's j-th fork of an arm is seed j and an adaptive stage counts on from the last seed
@@ -122,8 +127,10 @@ class Seeds:
         self.base = base
         self.next: dict[tuple[str, ArmKey], int] = defaultdict(int)
         # What a held fork needs to keep a choosing step's decision where the provider cannot
-        # replay a draw (`DecisionShares.coupling`); None: the provider couples draws.
+        # replay a draw (`DecisionShares.coupling`); None: the provider couples draws. Fixed
+        # at a seed's first fork (or row, on resume): every fork of a seed plays one game.
         self.couple = couple
+        self._couple_of: dict[tuple[tuple[str, ArmKey], int], dict[int, tuple[float, int]]] = {}
 
     @staticmethod
     def counter(stage: str, key: ArmKey) -> tuple[str, ArmKey]:
@@ -144,7 +151,12 @@ class Seeds:
         self.next[counter] = max(self.next[counter], seed + 1)
         couple = None
         if self.couple is not None and tail == "held":
-            couple = {k: c for k, c in self.couple().items() if k not in plan}
+            # The screen and the draws probe read only where a fork left the tape and what
+            # it answered: a coupled step's extra draws would tell them nothing. (A step the
+            # fork intervenes on is not held: its entry is never read.)
+            couple = {}
+            if stage in COUPLED_STAGES:
+                couple = self._couple_of.setdefault((counter, seed), self.couple())
         base = self.base
         return ForkSpec(
             tape_id=self.tape_id, interventions=plan, tail=tail, seed=base + seed, couple=couple
@@ -154,6 +166,8 @@ class Seeds:
         """A row of the counter's: it counts on past the row's seed."""
         counter = self.counter(stage, key)
         self.next[counter] = max(self.next[counter], spec.seed - self.base + 1)
+        if spec.couple:
+            self._couple_of.setdefault((counter, spec.seed - self.base), spec.couple)
 
 
 @dataclass

@@ -107,7 +107,11 @@ class ForkCosts:
         live = [e for e in self.steps if isinstance(e, LlmEvent) and e.step >= first]
         # A coupled step met at a changed request draws several times (`Run._coupled`).
         couple = spec.couple or {}
-        coupled = sum(draws - 1 for k, (_, draws) in couple.items() if k >= first)
+        coupled = sum(
+            draws - 1
+            for k, (_, draws) in couple.items()
+            if k >= first and k not in spec.interventions
+        )
         return len(live) * TAIL_SLACK + 1 + coupled
 
     def call_bound(self, spec: ForkSpec, output: int) -> Cost:

@@ -154,7 +154,8 @@ class Scheduler:
         self.provider_failed: Counter[str] = Counter()
         self.attempts: dict[str, int] = {}  # a fork's next attempt number (ledger key)
         self.given_up = 0  # forks given up after PROVIDER_ATTEMPTS provider failures
-        self.live_answers = 0  # forks whose live calls the provider answered
+        self.live_answers = 0  # forks of this run whose live calls the provider answered
+        self.provider_down = False  # stopped: the provider answered none of them
         self.arms = job_arms(job, tape)
         # The simulated provider couples draws: a held fork with no fresh draw is then
         # deterministic, and one fork is its exact value. Elsewhere a held step that chose
@@ -190,6 +191,7 @@ class Scheduler:
         for row in already or []:
             self.remember(row)
         self.progress.resumed = len(already or [])
+        self.live_answers = 0  # what an earlier run was answered says nothing of the provider now
 
     @property
     def seed_base(self) -> int:
@@ -420,7 +422,9 @@ class Scheduler:
         unscored = sum(final[s] for s in UNSCORED)
         if results.control_failed and self.status != "verify_failed":
             self.status = "control_failed"
-        elif total and unscored / total > FAILED_SHARE and self.status != "verify_failed":
+        elif (
+            (total and unscored / total > FAILED_SHARE) or self.provider_down
+        ) and self.status != "verify_failed":
             counts = ", ".join(f"{final[s]} {s}" for s in sorted(UNSCORED))
             self.notes.append(
                 Note(

@@ -129,6 +129,7 @@ class JobSource(Protocol):
     provider_failed: Counter[str]
     given_up: int
     live_answers: int
+    provider_down: bool
 
     @property
     def window(self) -> int: ...
@@ -441,21 +442,28 @@ class RunLoop:
                         f"(last: {row['error']})",
                     )
                 )
-                if source.given_up >= PROVIDER_DOWN_FORKS and not source.live_answers:
-                    # No live call of the job has been answered: the provider is down (or
-                    # refuses the key) for good, and every fork to come would fail the same.
+                if (
+                    source.given_up >= PROVIDER_DOWN_FORKS
+                    and not source.live_answers
+                    and not source.provider_down
+                ):
+                    # No live call of this run has been answered (every try of those forks
+                    # failed at the provider, after the upstream's own retries): it is down
+                    # or throttles everything, and every fork to come would fail the same.
+                    source.provider_down = True
                     source.governor.stop(
-                        f"the provider failed every live call of the job's first "
-                        f"{source.given_up} forks given up"
+                        "the provider answered none of the job's live calls "
+                        f"({source.given_up} forks given up)"
                     )
                     source.notes.append(
                         Note(
                             kind="provider_down",
                             severity="error",
-                            text=f"stopped: the provider answered none of the job's live calls "
+                            text=f"stopped: the provider answered none of this run's live calls "
                             f"({source.given_up} forks given up after {PROVIDER_ATTEMPTS} tries "
-                            f"each; last: {row['error']}). Check the provider's address, key "
-                            "and status, then run the same command again: it resumes",
+                            f"each; last: {row['error']}): it is down or throttles every call. "
+                            "Check its address and status, then run the same command again: "
+                            "it resumes",
                             figures={"given_up": source.given_up},
                         )
                     )

@@ -227,8 +227,8 @@ RECORD: dict[str, Evidence] = {
         "none",
     ),
     "PROVIDER_DOWN_FORKS": Evidence(
-        "forks given up, with no live call of the job answered, after which the job stops as "
-        "failed (the provider is down or refuses the key)",
+        "forks given up, with no live call of the run answered, after which the job stops as "
+        "failed (the provider is down or throttles every call)",
         _NOT_MEASURED + " (tests/test_faults.py checks the behaviour, not the number)",
         "bd15741",
         "none",
