@@ -74,9 +74,9 @@ RECORD: dict[str, Evidence] = {
         "keep the decision with probability E[min(1, X / (n p))], X ~ Binomial(n, p): 0.81 "
         "at p = 0.5 (4 draws), 0.71 at p = 0.2 (8); benchmarks/draws.py --seeds 10 against "
         "drawing live",
-        "bd15741",
-        "top-1 right 242 of 250 default jobs against 234 live, answered 158 against 167 "
-        "(overdetermined 4 of 10 against 10), long_tape 42 forks against 83",
+        "9c68064",
+        "top-1 right 242 of 250 default jobs against 234 live, answered 159 against 167 "
+        "(overdetermined 4 of 10 against 10), long_tape a median of 49 forks against 83",
     ),
     "COUPLE_MOST": Evidence(
         "most draws of a changed request a coupled step gets",
