@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import json
 import multiprocessing
 import os
 import platform
@@ -205,6 +206,15 @@ def in_processes(
     """`run` over `tasks` in `processes` spawned worker processes, in order."""
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(run, tasks))
+
+
+def write_figures(console: Console, out: Path, name: str, figures: Any, began: float) -> None:
+    """Write a benchmark's figures to `out`/`name` as JSON and say where, with the wall time
+    since `began` (a `time.perf_counter()` reading)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / name
+    path.write_text(json.dumps(figures, indent=1))
+    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
 
 
 def make_console(width: int = 140) -> Console:

@@ -20,7 +20,6 @@ an answer, and the median forks. Figures go to benchmarks/results/draws.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from _common import ROOT, in_processes, make_console
+from _common import ROOT, in_processes, make_console, write_figures
 from rich.table import Table
 
 WAYS = ("coupled", "seeded", "seeded:live")
@@ -133,11 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"answered {sum(r['ended'] in ('separated', 'precise', 'nothing') for r in runs)}",
             markup=False,
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "draws.json"
     figures = {"seeds": args.seeds, "ways": ways, "summary": summary, "runs": results}
-    path.write_text(json.dumps(figures, indent=1))
-    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
+    write_figures(console, args.out, "draws.json", figures, began)
     return 0
 
 

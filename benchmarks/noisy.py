@@ -13,14 +13,13 @@ benchmarks/results/noisy.json.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
 from statistics import median
 from typing import Any
 
-from _common import ROOT, in_processes, make_console, seeds_args
+from _common import ROOT, in_processes, make_console, seeds_args, write_figures
 from rich.table import Table
 
 JOBS = (
@@ -112,11 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{right} of {len(runs)}",
             )
     console.print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "noisy.json"
     figures = {"seeds": args.seeds, "summary": summary, "runs": results}
-    path.write_text(json.dumps(figures, indent=1))
-    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
+    write_figures(console, args.out, "noisy.json", figures, began)
     return 0
 
 

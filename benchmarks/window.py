@@ -14,13 +14,12 @@ benchmarks/results/window.json. Measured when the window was chosen (57d3c30, se
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from _common import ROOT, in_processes, make_console, seeds_args
+from _common import ROOT, in_processes, make_console, seeds_args, write_figures
 from rich.table import Table
 
 TOPS = {"and_conj": (2, 4), "research_async": (4, 6)}
@@ -91,16 +90,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{beyond}",
         markup=False,
     )
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "window.json"
     figures = {
         "seeds": list(seeds),
         "summary": summary,
         "ratio": narrowing / fixed,
         "runs": results,
     }
-    path.write_text(json.dumps(figures, indent=1))
-    console.print(f"wrote {path}; wall time {time.perf_counter() - began:.0f} s", markup=False)
+    write_figures(console, args.out, "window.json", figures, began)
     return 0
 
 
