@@ -935,3 +935,23 @@ def test_a_forks_coupling_is_not_part_of_its_identity() -> None:
     assert ForkSpec.model_validate_json(coupled.model_dump_json()).couple == {2: (0.5, 4)}
     with pytest.raises(ValueError, match="couple: steps \\[2\\] need a share in"):
         ForkSpec(tape_id="t", couple={2: (0.0, 4)})
+
+
+def test_a_seeds_forks_play_one_coupling_and_a_resume_restores_it() -> None:
+    """Off the coupled simulator every fork of a Shapley seed carries the coupling fixed at
+    the seed's first fork (one game a seed), a resumed job takes it from the seed's rows, and
+    the screen's forks carry none (their extra draws would tell the screen nothing)."""
+    from car_ray.schedule._context import Seeds
+
+    estimates = iter([{}, {2: (0.5, 4)}])
+    seeds = Seeds("t", 0, lambda: next(estimates))
+    first = seeds.fork("shapley", (2,), {2: Resample()}, "held", 0)
+    second = seeds.fork("shapley", (4,), {4: Resample()}, "held", 0)
+    assert first.couple == second.couple == {}
+    assert seeds.fork("shapley", (4,), {4: Resample()}, "held", 1).couple == {2: (0.5, 4)}
+    resumed = Seeds("t", 0, lambda: {9: (0.5, 4)})
+    resumed.saw("shapley", (2,), first)
+    assert resumed.fork("shapley", (4,), {4: Resample()}, "held", 0).couple == {}
+    assert resumed.fork("shapley", (4,), {4: Resample()}, "held", 1).couple == {9: (0.5, 4)}
+    assert resumed.fork("screen", "block", {4: Resample()}, "held").couple == {}
+    assert Seeds("t", 0).fork("shapley", (4,), {4: Resample()}, "held", 0).couple is None

@@ -156,7 +156,9 @@ class Seeds:
             # fork intervenes on is not held: its entry is never read.)
             couple = {}
             if stage in COUPLED_STAGES:
-                couple = self._couple_of.setdefault((counter, seed), self.couple())
+                if (counter, seed) not in self._couple_of:
+                    self._couple_of[(counter, seed)] = self.couple()
+                couple = self._couple_of[(counter, seed)]
         base = self.base
         return ForkSpec(
             tape_id=self.tape_id, interventions=plan, tail=tail, seed=base + seed, couple=couple
@@ -166,7 +168,7 @@ class Seeds:
         """A row of the counter's: it counts on past the row's seed."""
         counter = self.counter(stage, key)
         self.next[counter] = max(self.next[counter], spec.seed - self.base + 1)
-        if spec.couple:
+        if spec.couple is not None and stage in COUPLED_STAGES:
             self._couple_of.setdefault((counter, spec.seed - self.base), spec.couple)
 
 
