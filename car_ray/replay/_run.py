@@ -774,7 +774,8 @@ class Run:
         )
         wire = WireRequest(request.method, request.url, headers, request.body)
         if record:
-            response = await self._upstream_or_diverge(k).send(wire)
+            assert self.upstream is not None  # `_need_upstream` checked it
+            response = await self.upstream.send(wire)
         else:
             response = await self._send_fork_call(k, wire)
         stream = bool(isinstance(body, dict) and body.get("stream"))
@@ -809,12 +810,10 @@ class Run:
             self.spend.cost_usd += self.prices.cost_usd(model, usage)
         return response, fields, usage
 
-    def _upstream_or_diverge(self, k: int) -> Upstream:
+    def _need_upstream(self, k: int) -> None:
         if self.upstream is None:
             # A replay has no network path: an unrecorded request is an error, never a call.
             self._diverge(k, "the run needs a live call but has no live provider (replay only)")
-        assert self.upstream is not None
-        return self.upstream
 
     async def _live(
         self,
@@ -827,7 +826,7 @@ class Run:
     ) -> WireResponse:
         """One call to the provider. Recording draws with the recording's seed; a fork draws
         fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's."""
-        self._upstream_or_diverge(k)
+        self._need_upstream(k)
         request, body = self._prepared(request, body, record=record)
         if record:
             seed = step_seed(self.seed, k)
@@ -901,7 +900,7 @@ class Run:
         finite number of draws keeps d a little less often than the coupling would where
         p'(d) is near p(d) (with 4 draws at p' = p = 0.5, 0.81 of the time against 1), and
         the other answer is drawn from p', not from what p' adds to p."""
-        self._upstream_or_diverge(k)
+        self._need_upstream(k)
         request, body = self._prepared(request, body, record=False)
         self._check_limit(k, body, calls=draws)
         # Every draw settles before the fork goes on or fails: each is paid for, and the

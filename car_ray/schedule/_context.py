@@ -159,9 +159,12 @@ class Seeds:
                 if (counter, seed) not in self._couple_of:
                     self._couple_of[(counter, seed)] = self.couple()
                 couple = self._couple_of[(counter, seed)]
-        base = self.base
         return ForkSpec(
-            tape_id=self.tape_id, interventions=plan, tail=tail, seed=base + seed, couple=couple
+            tape_id=self.tape_id,
+            interventions=plan,
+            tail=tail,
+            seed=self.base + seed,
+            couple=couple,
         )
 
     def saw(self, stage: str, key: ArmKey, spec: ForkSpec) -> None:

@@ -86,8 +86,8 @@ class ForkCosts:
         times, plus one, and a coupled step's extra draws, each at the largest call's bound.
         Learned, once LEARN_AFTER forks of its shape (`shapes`) have settled under a dollar or
         token cap: their most live calls, each at the bound with a learned output
-        (`output_bound`). A fork that needs more is
-        cut at its reservation, never overspent, and runs again at the worst case."""
+        (`output_bound`). A fork that needs more is cut at its reservation, never overspent,
+        and runs again at the worst case."""
         seen = self._seen_calls(spec)
         worst_calls = self._tail_calls(spec)
         # Only a dollar or token cap is served by a tighter reservation; without one, a

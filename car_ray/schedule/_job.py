@@ -191,7 +191,6 @@ class Scheduler:
         for row in already or []:
             self.remember(row)
         self.progress.resumed = len(already or [])
-        self.live_answers = 0  # what an earlier run was answered says nothing of the provider now
 
     @property
     def seed_base(self) -> int:
@@ -240,8 +239,6 @@ class Scheduler:
             return
         spec = ForkSpec.model_validate_json(row["spec"])
         self.statuses[row["status"]] += 1
-        if row.get("tail_calls"):  # answered live calls (a failed one is not counted)
-            self.live_answers += 1
         self.costs.settled(row, spec)
         if task.endswith("/cut"):
             return  # cut at a learned reservation: the fork runs again at the worst case

@@ -427,6 +427,8 @@ class RunLoop:
             spec = source.keep_attempt(row, "cut")
             self._again(slot, row["stage"], spec, row["attempt"], worst=True)
             return
+        if row.get("tail_calls"):  # this run's answered live calls (a failed one is not one)
+            source.live_answers += 1
         if row["status"] == "provider_error":
             failures = source.provider_failed[row["task_id"]]
             spec = source.keep_attempt(row, f"p{failures}")
