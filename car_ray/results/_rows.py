@@ -17,7 +17,9 @@ from pydantic import BaseModel
 
 from ..replay import ForkRow, Int32, IntBits
 
-Stage = Literal["verify", "draws", "controls", "screen", "race", "shapley", "arms", "uniform"]
+Stage = Literal[
+    "verify", "draws", "controls", "screen", "race", "groups", "shapley", "arms", "uniform"
+]
 StepKind = Literal["llm", "tool"]
 
 

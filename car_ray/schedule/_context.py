@@ -96,7 +96,7 @@ def probes_of(spec: ForkSpec) -> list[int]:
 
 def arm_key_of(stage: str, spec: ForkSpec) -> ArmKey:
     """The arm a fork belongs to, from its spec alone (so resumed rows find their arm)."""
-    if stage == "shapley":
+    if stage in ("shapley", "groups"):
         return tuple(sorted(coalition_of(spec)))
     if stage == "controls":
         return "held" if spec.tail == "held" else "pinned"
@@ -108,7 +108,7 @@ def arm_key_of(stage: str, spec: ForkSpec) -> ArmKey:
 
 # The stages whose held forks keep a choosing step's decision off the coupled simulator
 # (`Seeds.couple`): those whose outcomes are the estimates.
-COUPLED_STAGES = frozenset({"shapley", "arms"})
+COUPLED_STAGES = frozenset({"shapley", "groups", "arms"})
 
 
 class Seeds:
@@ -134,7 +134,7 @@ class Seeds:
 
     @staticmethod
     def counter(stage: str, key: ArmKey) -> tuple[str, ArmKey]:
-        return (stage, "all" if stage in ("shapley", "controls") else key)
+        return (stage, "all" if stage in ("shapley", "groups", "controls") else key)
 
     def fork(
         self,

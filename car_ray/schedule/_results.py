@@ -4,7 +4,8 @@ answer are built from these (`_table`), never from a stage's state or a note's t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
@@ -53,6 +54,9 @@ class ScreenResult:
     strays: int
     clean_needed: int
     verdict: Verdict | None = None
+    # Steps cleared on the outcome by the group game, each with its group's seeds that
+    # changed nothing (`DeviationScreen.settled`; those seeds are in `clean` too).
+    settled: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
 
     def deviation_bound(self, k: int, alpha: float) -> float:
         """An upper bound on how often step k leaves the tape (`DeviationScreen.bound_after`
@@ -105,5 +109,25 @@ class DrawsResult:
     notes: tuple[Note, ...] = ()
 
 
+@dataclass(frozen=True)
+class GroupRound:
+    """One round of the group game: its groups, the seeds it counted, the groups that
+    changed the outcome in one of them (they go on), and each group's mean marginal."""
+
+    groups: tuple[tuple[int, ...], ...]
+    seeds: int
+    active: tuple[int, ...]
+    means: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class GroupsResult:
+    """What the group game found: its rounds so far, the forks it ran, and its notes."""
+
+    rounds: tuple[GroupRound, ...]
+    forks: int
+    notes: tuple[Note, ...] = ()
+
+
 # What a stage may hand back (none, one, or a Shapley result with its screen's).
-StageResult = ControlResult | FlipCounts | ScreenResult | ShapleyResult | DrawsResult
+StageResult = ControlResult | FlipCounts | ScreenResult | ShapleyResult | DrawsResult | GroupsResult

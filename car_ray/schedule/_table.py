@@ -17,6 +17,7 @@ from ._results import (
     ControlResult,
     DrawsResult,
     FlipCounts,
+    GroupsResult,
     ScreenResult,
     ShapleyResult,
     StageResult,
@@ -37,6 +38,7 @@ class Results:
     screened: ScreenResult | None = None
     shapley: ShapleyResult | None = None
     draws: DrawsResult | None = None
+    groups: GroupsResult | None = None
     notes: list[Note] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)  # the plan's stages, by name
 
@@ -54,6 +56,9 @@ class Results:
                 self.screened = result
             elif isinstance(result, DrawsResult):
                 self.draws = result
+                self.notes.extend(result.notes)
+            elif isinstance(result, GroupsResult):
+                self.groups = result
                 self.notes.extend(result.notes)
             else:
                 self.shapley = result
@@ -251,7 +256,16 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
         # enough can be missed.
         fewest = min(screen.clean.get(k, 0) for k in screen.steps)
         figures["fewest_clean"] = fewest
-        if screen.strays and fewest < SCREEN_CLEAN:
+        if screen.settled:
+            bound = DeviationScreen.bound_after(fewest, ctx.alpha)
+            most = math.ceil(round(bound * 100, 9))
+            figures["group_bound"] = bound
+            text = (
+                "shapley: no step's re-draw changes the outcome, as far as re-drawing them in "
+                f"groups in {fewest} seed(s) or more shows: at {confidence:.0%}, no group's "
+                f"blame is above {most}%"
+            )
+        elif screen.strays and fewest < SCREEN_CLEAN:
             text = (
                 "shapley: no step was seen to make a choice, but the screen stopped on forks "
                 f"that left the tape where nothing was re-drawn, with as few as {fewest} "

@@ -28,6 +28,9 @@ SCREEN_FIRST = 4
 SCREEN_CLEAN = 20
 SCREEN_MOST = 60
 SCREEN_IN_FLIGHT = 4
+# -- the group game ------------------------------------------------------------------------------
+GROUPS_FROM = 6
+GROUP_WAYS = 4
 # -- the Shapley stage ----------------------------------------------------------------------------
 SEEDS_IN_FLIGHT = 2
 IN_FLIGHT_OF_LEFT = 0.5
@@ -109,6 +112,21 @@ RECORD: dict[str, Evidence] = {
         _NOT_MEASURED,
         "08b2109",
         "none (the first pass goes one at a time: four in flight all found the same step)",
+    ),
+    "GROUPS_FROM": Evidence(
+        "steps found to make choices at which the job stops measuring them one by one and "
+        "asks the outcome which groups of steps matter (`HeldGroups`)",
+        "benchmarks/groups.py; benchmarks/same_forks.py (no scenario of the noise-free suite "
+        "finds this many, so none of its forks move)",
+        "(this change)",
+        "see the benchmark's figures in the closing note of this change",
+    ),
+    "GROUP_WAYS": Evidence(
+        "groups a round of the group game splits its steps into (each seed's chain is this "
+        "many forks), and the most steps it hands to Shapley",
+        _NOT_MEASURED,
+        "(this change)",
+        "none",
     ),
     "SEEDS_IN_FLIGHT": Evidence(
         "Shapley seeds' worth of forks (at least 8) in flight while the verdict is far",

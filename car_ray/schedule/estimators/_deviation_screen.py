@@ -29,11 +29,27 @@ class DeviationScreen:
     # fork seed fixes a step's fresh draw, so a draw seen twice is one observation.
     probes: set[tuple[int, int]] = field(default_factory=set)
     probe_forks: int = 0
+    # Steps cleared on the outcome (`GroupGame`): each with the seeds in which re-drawing
+    # its group changed nothing, counted as its clean draws. They are held from then on:
+    # never screened or probed again, and not candidates even where they left the tape.
+    settled: dict[int, int] = field(default_factory=dict)
 
     def block(self) -> list[int]:
         return [
-            k for k in self.steps if k not in self.hits and self.clean.get(k, 0) < self.clean_needed
+            k
+            for k in self.steps
+            if k not in self.hits
+            and k not in self.settled
+            and self.clean.get(k, 0) < self.clean_needed
         ]
+
+    def settle(self, steps: Sequence[int], seeds: int) -> None:
+        """Steps whose group's re-draws changed the outcome in none of `seeds` seeds: each
+        counts them as clean draws (its group's blame is at most how often a re-draw of the
+        group changes the outcome, as a step's is at most how often it leaves the tape)."""
+        for k in steps:
+            self.settled[k] = seeds
+            self.clean[k] = max(self.clean.get(k, 0), seeds)
 
     def done(self) -> bool:
         return not self.block() or self.strays >= 3
@@ -67,7 +83,7 @@ class DeviationScreen:
 
     @property
     def candidates(self) -> list[int]:
-        return sorted(self.hits)
+        return sorted(k for k in self.hits if k not in self.settled)
 
     def deviation_bound(self, k: int, alpha: float) -> float:
         """An upper bound on how often step k leaves the tape, from its clean observations

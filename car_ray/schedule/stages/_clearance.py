@@ -125,10 +125,9 @@ class Clearance:
         if seeds == math.inf or not top:
             return math.inf
         per_seed = max(1.0, shap.forks_per_seed())
-        unfound = self.unfound()
-        alpha = self.ctx.alpha
+        unfound = self.cleared()
         # What does not change with k, once: each step's reach and probe rate.
-        reach = {k: shap.reach(k, alpha * REACH_ALPHA) for k in unfound}
+        reach = {k: self._reach(k) for k in unfound}
         rate = {k: self.probe_rate(k) for k in unfound}
         best, extra = math.inf, 0
         while extra <= max(4 * len(shap.complete_seeds()), 50):
@@ -159,7 +158,9 @@ class Clearance:
         short = self.short(verdict)
         if not short:
             return True
-        self.screen.clean_needed = int(min(SCREEN_MOST, max(short.values())))
+        screened = [n for k, n in short.items() if k not in self.screen.settled]
+        if screened:
+            self.screen.clean_needed = int(min(SCREEN_MOST, max(screened)))
         return False
 
     @property
@@ -185,16 +186,24 @@ class Clearance:
         a deviation bound within the target half-width. `more_seeds` asks what the need
         would be after that many more seeds like the ones so far; `steps`, of those steps
         alone (every step not found by default)."""
-        unfound = self.unfound() if steps is None else list(steps)
+        unfound = self.cleared() if steps is None else list(steps)
         if verdict[0] != "separated":
             need = DeviationScreen.clean_for(self.target, self.ctx.alpha)
             return {k: need for k in unfound}
         shap, alpha = self.shap, self.clear_alpha
         out: dict[int, float] = {}
         for k in unfound:
-            reach = shap.reach(k, self.ctx.alpha * REACH_ALPHA)
+            reach = self._reach(k)
             out[k] = max(shap.clean_to_clear(t, alpha, more_seeds, reach) for t in verdict[1])
         return out
+
+    def _reach(self, k: int) -> float:
+        """How much of step k's Shapley weight its clean draws speak for (`SeedShapley.
+        reach`); all of it for a step the group game settled (its seeds bound its group's
+        blame, wherever it stands in the order)."""
+        if k in self.screen.settled:
+            return 1.0
+        return self.shap.reach(k, self.ctx.alpha * REACH_ALPHA)
 
     def short(self, verdict: tuple[str, list[int]]) -> dict[int, float]:
         """The steps not found that lack clean draws `verdict` needs of them, and the draws
@@ -203,8 +212,16 @@ class Clearance:
         return {k: n for k, n in self.needed(verdict).items() if clean.get(k, 0) < n}
 
     def unfound(self) -> list[int]:
-        """The resample steps the screen has not seen leave the tape."""
-        return [k for k in self.screen.steps if k not in self.screen.hits]
+        """The resample steps the screen has not seen leave the tape (and the group game has
+        not settled): those a fork may probe."""
+        screen = self.screen
+        return [k for k in screen.steps if k not in screen.hits and k not in screen.settled]
+
+    def cleared(self) -> list[int]:
+        """The resample steps a verdict must clear: those not found, and those the group
+        game settled (their group's seeds are their clean draws)."""
+        screen = self.screen
+        return [k for k in screen.steps if k not in screen.hits or k in screen.settled]
 
     def probe_rate(self, k: int) -> float:
         """The share of the complete Shapley seeds whose forks probed step k (reached it on
@@ -227,9 +244,9 @@ class Clearance:
         shap, screen = self.shap, self.screen
         if not shap.complete_seeds():
             return False
-        short = self.short(verdict)
+        short = {k: n for k, n in self.short(verdict).items() if k not in screen.settled}
         if not short:
-            return False
+            return False  # only seeds lower what a settled step needs
         weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
         need = short[weakest]
         if need == math.inf:

@@ -11,6 +11,7 @@ from .._results import StageResult, Verdict
 from .._tuning import SCREEN_CLEAN, SCREEN_FIRST, SCREEN_IN_FLIGHT
 from ..estimators import DeviationScreen
 from ._base import BaseStage, Fork, Next
+from ._groups import HeldGroups, grouped
 from ._screening import probed, screen_forks, screen_result
 from ._shapley import HeldShapley
 
@@ -18,7 +19,8 @@ from ._shapley import HeldShapley
 class HeldScreen(BaseStage):
     """Which steps ever choose differently: blocks of steps re-drawn together, held tail
     (see `DeviationScreen`), until the first step found or every step has its clean draws.
-    Hands over to `HeldShapley` over the steps it found; with none found, screens again to
+    Hands over to `HeldShapley` over the steps it found (to `HeldGroups` when they are
+    GROUPS_FROM or more); with none found, screens again to
     the first find or SCREEN_CLEAN before it says no step makes a choice (its result's
     verdict)."""
 
@@ -71,6 +73,8 @@ class HeldScreen(BaseStage):
             return Next(end="budget_exhausted")
         screen = self._screen
         if screen.candidates:
+            if grouped(screen):
+                return Next(then=(HeldGroups(self.ctx, screen),))
             return Next(then=(HeldShapley(self.ctx, screen),))
         if screen.clean_needed >= SCREEN_CLEAN:
             self.verdict = ("separated", ())

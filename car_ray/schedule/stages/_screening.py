@@ -44,4 +44,5 @@ def screen_result(screen: DeviationScreen, verdict: Verdict | None = None) -> Sc
         strays=screen.strays,
         clean_needed=screen.clean_needed,
         verdict=verdict,
+        settled=MappingProxyType(dict(screen.settled)),
     )

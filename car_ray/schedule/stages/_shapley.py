@@ -6,6 +6,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Literal
 
+import numpy as np
+
 from ..._notes import Note
 from ...execute import Row
 from ...replay import ForkSpec, Intervention, Probe, Resample
@@ -16,6 +18,7 @@ from ..estimators import DeviationScreen, SeedShapley
 from ..rules import WindowLook
 from ._base import BaseStage, Fork, Lead, Next
 from ._clearance import SHAPLEY_SEEDS, Clearance
+from ._groups import HeldGroups, grouped
 from ._screening import probed, screen_forks, screen_result
 
 
@@ -28,7 +31,8 @@ class HeldShapley(BaseStage):
     verdict is "precise". While it has not, each fork goes where it gives more
     (`Clearance.screen_next`): a screen fork is one more clean draw, a seed a probe and a top that
     needs fewer. When the screen finds another step, Shapley starts over (a new
-    `HeldShapley` over the steps found, keeping every row)."""
+    `HeldShapley` over the steps found, keeping every row; `HeldGroups` once they are
+    GROUPS_FROM or more)."""
 
     name = "shapley"
 
@@ -55,6 +59,24 @@ class HeldShapley(BaseStage):
         self.per_seed = max(1, len(shap.coalitions(0)))
         self.target = self.ctx.spec.target_half_width
         self.clearance = Clearance(self.ctx, shap, self.screen, self.target)
+        self.regroup = False  # the outcome, not the screen, must say what matters
+
+    def _blind(self) -> bool:
+        """Whether this Shapley can neither blame nor find anything: MIN_SEEDS complete
+        seeds and not one flip among them, and no seed's forks reach any step the screen
+        has not found at its recorded request (every candidate leaves the tape before it:
+        steps whose words change at every re-draw), so its probes can find nothing more.
+        The group game asks the outcome instead (`grouped`)."""
+        shap, screen = self.shap, self.screen
+        if screen.settled or len(shap.complete_seeds()) < MIN_SEEDS:
+            return False
+        phi, _, _ = shap.per_seed()
+        unfound = self.clearance.unfound()
+        return (
+            bool(unfound)
+            and not bool(np.any(phi))
+            and all(self.clearance.probe_rate(k) == 0.0 for k in unfound)
+        )
 
     def _replayed(self) -> SeedShapley:
         """Shapley over the steps the screen has found, from what the job's forks showed so
@@ -172,6 +194,9 @@ class HeldShapley(BaseStage):
         shap, screen = self.shap, self.screen
         if screen.candidates != shap.candidates:
             return None  # the screen found another step: Shapley starts over
+        if self._blind():
+            self.regroup = True
+            return None
         self._look_ahead()
         verdict = shap.verdict(self.target)
         if verdict is None or not self._may_stop():
@@ -245,8 +270,13 @@ class HeldShapley(BaseStage):
             else:
                 self.unsettled = self.clearance.unsettled(verdict)
             return Next(end="complete" if self.verdict is not None else "budget_exhausted")
+        if self.regroup and not exhausted:
+            return Next(then=(HeldGroups(self.ctx, screen, previous=shown),))
         if len(screen.candidates) == self.found:
             return Next()
+        if grouped(screen):
+            # Many steps found: the outcome says which of them matter first.
+            return Next(then=(HeldGroups(self.ctx, screen, previous=shown),))
         return Next(then=(HeldShapley(self.ctx, screen, previous=shown),))
 
     def result(self) -> tuple[StageResult, ...]:

@@ -1,0 +1,164 @@
+"""The group game: which groups of steps can change the outcome, tested on the outcome itself.
+
+A step that changes its words (or a decision nothing downstream reads) at every re-draw leaves
+the tape every time, so the deviation screen takes it for a choice and Shapley must measure
+it. The group game asks the outcome instead. Its players are groups of steps (contiguous
+blocks); in each seed a random order of the groups is walked as a chain of forks, the first
+re-drawing the first group, the next the first two, and so on (held tail, one fork seed for
+the chain). A group's marginal in the seed is the change of outcome its fork made over the
+fork before (the recorded run before the first, which does not flip): Owen's value of the
+group (the Shapley value of the game whose players are the groups) is the mean of those
+marginals, and |value| is at most the chance a seed's marginal is not 0. So a group whose
+marginals are 0 in n seeds has its value bounded as a step with n clean draws has
+(`DeviationScreen.bound_after`), and an over-determined pair split over two groups is still
+seen (the second of the two in the order clears the failure the first could not), as is an
+AND (the first of the two does).
+
+A round ends once every group either changed the outcome in some seed (it survives, to be
+split) or changed it in none of the seeds a clearance will need (`need`); only seeds whose
+every earlier seed is complete count, so a run that resumes from its rows ends each round
+where it ended before, whatever order the rows came in.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._tuning import MIN_SEEDS, SCREEN_CLEAN
+from ..rules import mean_lower
+from ._deviation_screen import DeviationScreen
+
+
+def split(steps: Sequence[int], ways: int) -> list[tuple[int, ...]]:
+    """`steps` (in order) as at most `ways` contiguous groups of near-equal size."""
+    steps = sorted(steps)
+    ways = max(1, min(ways, len(steps)))
+    size, extra = divmod(len(steps), ways)
+    out, at = [], 0
+    for i in range(ways):
+        n = size + (1 if i < extra else 0)
+        out.append(tuple(steps[at : at + n]))
+        at += n
+    return out
+
+
+@dataclass
+class GroupGame:
+    """One round of the group game over `groups` (see the module): chains of forks, one seed
+    each, until every group survives or is cleared (`decided`)."""
+
+    groups: list[tuple[int, ...]]
+    alpha: float
+    salt: str = ""  # the attribution's seed and the round: which orders a job walks
+    outcomes: dict[int, dict[frozenset[int], bool]] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)  # a fork of the seed has no outcome
+    # Complete seeds in order up to where the round ended (None while it runs), and how far
+    # the prefix has been looked at.
+    decided_at: int | None = None
+    _looked: int = 0
+
+    def order(self, seed: int) -> list[int]:
+        """The groups (by index) in the order seed `seed` walks them."""
+        order = list(range(len(self.groups)))
+        random.Random(f"car-ray/groups/{self.salt}/{seed}").shuffle(order)
+        return order
+
+    def coalitions(self, seed: int) -> list[frozenset[int]]:
+        """The steps each fork of the seed re-draws, in chain order."""
+        out, steps = [], frozenset[int]()
+        for g in self.order(seed):
+            steps = steps | frozenset(self.groups[g])
+            out.append(steps)
+        return out
+
+    def observe(self, seed: int, coalition: frozenset[int], flipped: bool | None) -> None:
+        if coalition not in self.coalitions(seed):
+            return  # a row of another round's game
+        if flipped is None:
+            self.failed.add(seed)
+        else:
+            self.outcomes.setdefault(seed, {})[coalition] = bool(flipped)
+
+    def known(self, seed: int, coalition: frozenset[int]) -> bool:
+        return coalition in self.outcomes.get(seed, {})
+
+    def complete(self, seed: int) -> bool:
+        return seed not in self.failed and len(self.outcomes.get(seed, {})) == len(self.groups)
+
+    def marginals(self, seed: int) -> np.ndarray:
+        """Each group's change of outcome in a complete seed (by group index)."""
+        flips = self.outcomes[seed]
+        out = np.zeros(len(self.groups))
+        before = 0.0
+        for g, coalition in zip(self.order(seed), self.coalitions(seed), strict=True):
+            now = float(flips[coalition])
+            out[g] = now - before
+            before = now
+        return out
+
+    def seeds(self) -> list[int]:
+        """The complete seeds the round counts: in order, up to the first seed that is
+        neither complete nor failed (a failed seed is left out), and no further than where
+        the round ended."""
+        out: list[int] = []
+        seed = 0
+        while self.decided_at is None or len(out) < self.decided_at:
+            if self.complete(seed):
+                out.append(seed)
+            elif seed not in self.failed:
+                break
+            seed += 1
+        return out
+
+    def next_seed(self) -> int:
+        """The first seed with a fork not yet known, failed seeds skipped."""
+        seed = 0
+        while seed in self.failed or self.complete(seed):
+            seed += 1
+        return seed
+
+    def matrix(self, seeds: Sequence[int]) -> np.ndarray:
+        return np.array([self.marginals(s) for s in seeds]).reshape(len(seeds), len(self.groups))
+
+    def need(self, marginals: np.ndarray) -> int:
+        """The seeds with no change of outcome that clear a group, from those so far: enough
+        that a group worth half the leading group's value is missed with chance at most
+        alpha, the leading value taken at its lower bound (`mean_lower` at alpha, so a lucky
+        first few seeds do not end the round early); SCREEN_CLEAN while that bound is not
+        above 0. At least MIN_SEEDS, at most SCREEN_CLEAN. (The clearance behind a verdict
+        asks for its own; this is where the round stops looking.)"""
+        if not marginals.size:
+            return SCREEN_CLEAN
+        top = int(np.argmax(marginals.mean(axis=0)))
+        level = np.array([self.alpha])
+        lower = float(mean_lower(marginals[:, top], level, low=-1.0)[0])
+        if lower <= 0:
+            return SCREEN_CLEAN
+        need = DeviationScreen.clean_for(lower / 2, self.alpha)
+        return max(MIN_SEEDS, min(SCREEN_CLEAN, need))
+
+    def decided(self) -> bool:
+        """Whether the round has ended: looks at each new length of the counted seeds in
+        turn, so where it ends does not depend on the order rows came in."""
+        if self.decided_at is not None:
+            return True
+        seeds = self.seeds()
+        for n in range(self._looked + 1, len(seeds) + 1):
+            self._looked = n
+            if n >= self.need(self.matrix(seeds[:n])):
+                self.decided_at = n
+                return True
+        return False
+
+    def active(self) -> list[int]:
+        """Groups (by index) that changed the outcome in a counted seed."""
+        m = self.matrix(self.seeds())
+        return [g for g in range(len(self.groups)) if m.size and bool(np.any(m[:, g] != 0))]
+
+    def means(self) -> np.ndarray:
+        m = self.matrix(self.seeds())
+        return m.mean(axis=0) if m.size else np.zeros(len(self.groups))

@@ -1,0 +1,246 @@
+"""The group stage: once the screen has found many steps that leave the tape, ask the outcome
+which groups of them matter (`GroupGame`), split those that do, and hand Shapley the few
+steps left."""
+
+from __future__ import annotations
+
+import math
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from ..._notes import Note
+from ...execute import Row
+from ...replay import ForkSpec, Intervention, Resample
+from .._context import JobContext, coalition_of
+from .._results import GroupRound, GroupsResult, ShapleyResult, StageResult
+from .._tuning import GROUP_WAYS, GROUPS_FROM, SEEDS_IN_FLIGHT
+from ..estimators import DeviationScreen, GroupGame, SeedShapley, split
+from ._base import BaseStage, Fork, Next
+from ._screening import screen_result
+
+# Fork seeds of the group game (of the attribution's 2^32): above the Shapley seeds' first
+# 2^30, each round its own 2^24, so no fork of a round shares a seed with another stage's.
+GROUP_SEEDS = 3 << 30
+ROUND_SEEDS = 1 << 24
+
+
+def grouped(screen: DeviationScreen) -> bool:
+    """Whether a job should ask the outcome about groups before Shapley: the screen has found
+    GROUPS_FROM steps or more, and the group game has not run yet (it settles steps)."""
+    return len(screen.candidates) >= GROUPS_FROM and not screen.settled
+
+
+class HeldGroups(BaseStage):
+    """One round of the group game over `steps` (every step the screen screens, on the first
+    round), in GROUP_WAYS contiguous groups: chains of forks, SEEDS_IN_FLIGHT seeds at a
+    time, until the round ends (`GroupGame.decided`). Groups that changed the outcome in no
+    seed are settled (`DeviationScreen.settle`: held from then on, their seeds counted as
+    clean draws); with none left, no step is to blame; with GROUP_WAYS steps or fewer left,
+    Shapley measures them (`HeldShapley`, the settled steps' clearance behind its verdict);
+    else the next round splits them again."""
+
+    name = "groups"
+
+    def __init__(
+        self,
+        ctx: JobContext,
+        screen: DeviationScreen,
+        previous: SeedShapley | None = None,
+        steps: list[int] | None = None,
+        rounds: tuple[GroupRound, ...] = (),
+    ) -> None:
+        super().__init__(ctx)
+        self.screen = screen
+        self.previous = previous
+        self.round = len(rounds)
+        self.rounds = rounds
+        if steps is None:
+            steps = [k for k in screen.steps if k not in screen.settled]
+        self.steps = steps
+        self.verdict = False  # every group settled: no step to blame
+        self.out_of_budget = False
+
+    def start(self) -> None:
+        ctx = self.ctx
+        self.game = GroupGame(
+            split(self.steps, GROUP_WAYS),
+            ctx.alpha,
+            salt=f"{ctx.spec.attribution_seed}/{self.round}",
+        )
+        self.pending: dict[int, set[frozenset[int]]] = {}
+        for spec, row in ctx.rows.of("groups", "held"):
+            seed = self._seed(spec)
+            if 0 <= seed < ROUND_SEEDS:
+                self.game.observe(seed, coalition_of(spec), _flipped(row))
+
+    def _seed(self, spec: ForkSpec) -> int:
+        return spec.seed - self.ctx.seeds.base - GROUP_SEEDS - self.round * ROUND_SEEDS
+
+    def suggest(self, room: int) -> list[Fork] | None:
+        """The next forks of the seeds in flight, then of new seeds (at most SEEDS_IN_FLIGHT
+        at a time); a seed is begun only if the forks the caps leave could finish it."""
+        game = self.game
+        if game.decided():
+            return None
+        left = self.ctx.forks_left()
+        # Forks the seeds in flight still owe beyond those asked for.
+        owed = sum(len(self._todo(seed)) for seed in self.pending)
+        out: list[Fork] = []
+        seed = game.next_seed()
+        while len(out) < room:
+            if seed in game.failed or game.complete(seed):
+                seed += 1
+                continue
+            todo = self._todo(seed)
+            if seed not in self.pending:
+                if len(self.pending) >= SEEDS_IN_FLIGHT:
+                    break
+                if left is not None and left - len(out) - owed < len(todo):
+                    self.out_of_budget = True  # what is left could not finish another seed
+                    break
+                owed += len(todo)
+            for coalition in todo[: room - len(out)]:
+                self.pending.setdefault(seed, set()).add(coalition)
+                owed -= 1
+                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                fork_seed = GROUP_SEEDS + self.round * ROUND_SEEDS + seed
+                key = tuple(sorted(coalition))
+                out.append(("groups", self.ctx.seeds.fork("groups", key, plan, "held", fork_seed)))
+            seed += 1
+        if not out and not self.pending and self.out_of_budget:
+            return None
+        return out
+
+    def _todo(self, seed: int) -> list[frozenset[int]]:
+        """The seed's forks neither known nor asked for."""
+        asked = self.pending.get(seed, set())
+        game = self.game
+        return [c for c in game.coalitions(seed) if not game.known(seed, c) and c not in asked]
+
+    def _settle(self, spec: ForkSpec) -> tuple[int, frozenset[int]]:
+        seed, coalition = self._seed(spec), coalition_of(spec)
+        waiting = self.pending.get(seed)
+        if waiting is not None:
+            waiting.discard(coalition)
+            if not waiting:
+                del self.pending[seed]
+        return seed, coalition
+
+    def observe(self, row: Row) -> None:
+        seed, coalition = self._settle(ForkSpec.model_validate_json(row["spec"]))
+        self.game.observe(seed, coalition, _flipped(row))
+
+    def unrun(self, spec: ForkSpec) -> None:
+        seed, coalition = self._settle(spec)
+        self.game.observe(seed, coalition, None)
+
+    def done(self, exhausted: bool) -> Next:
+        from ._shapley import HeldShapley  # the stage after this one; it hands back here
+
+        game = self.game
+        if not game.decided():
+            return Next(end="budget_exhausted")
+        self.rounds = (*self.rounds, self._round())
+        active = set(game.active())
+        seeds = len(game.seeds())
+        for g, steps in enumerate(game.groups):
+            if g not in active:
+                self.screen.settle(steps, seeds)
+        left = sorted(k for g in active for k in game.groups[g])
+        if not left:
+            self.verdict = True
+            return Next()
+        if len(left) <= GROUP_WAYS or all(len(game.groups[g]) == 1 for g in active):
+            for k in left:  # Shapley's candidates: the steps no round settled
+                self.screen.hits[k] = max(1, self.screen.hits.get(k, 0))
+            return Next(then=(HeldShapley(self.ctx, self.screen, previous=self.previous),))
+        return Next(then=(HeldGroups(self.ctx, self.screen, self.previous, left, self.rounds),))
+
+    def _round(self) -> GroupRound:
+        game = self.game
+        return GroupRound(
+            groups=tuple(game.groups),
+            seeds=len(game.seeds()),
+            active=tuple(game.active()),
+            means=tuple(float(x) for x in game.means()),
+        )
+
+    def result(self) -> tuple[StageResult, ...]:
+        game = self.game
+        rounds = self.rounds if game.decided() else (*self.rounds, self._round())
+        forks = sum(1 for _ in self.ctx.rows.of("groups", "held"))
+        out: list[StageResult] = [
+            GroupsResult(rounds=rounds, forks=forks, notes=(self._note(rounds[-1]),))
+        ]
+        screen = screen_result(self.screen, ("separated", ()) if self.verdict else None)
+        out.append(screen)
+        if self.verdict:
+            # No group changed the outcome: the job's answer is "no step to blame", over
+            # whatever Shapley ran before the groups did.
+            out.append(
+                ShapleyResult(
+                    candidates=(),
+                    seeds=(),
+                    per_seed_phi=np.zeros((0, 0)),
+                    estimates=MappingProxyType({}),
+                    verdict=("separated", ()),
+                    screen=screen,
+                )
+            )
+        return tuple(out)
+
+    def _note(self, done: GroupRound) -> Note:
+        """What this round did: its groups and seeds, what it cleared and what is left."""
+        forks = sum(
+            1
+            for spec, _ in self.ctx.rows.of("groups", "held")
+            if 0 <= self._seed(spec) < ROUND_SEEDS
+        )
+        text = (
+            f"groups, round {self.round + 1}: steps {_span(self.steps)} in "
+            f"{len(done.groups)} groups, {done.seeds} seed(s) ({forks} forks)"
+        )
+        cleared = [k for g, steps in enumerate(done.groups) if g not in done.active for k in steps]
+        left = [k for g in done.active for k in done.groups[g]]
+        if not self.game.decided():
+            text += "; the budget ended before the round did"
+        else:
+            if cleared:
+                bound = DeviationScreen.bound_after(done.seeds, self.ctx.alpha)
+                most = math.ceil(round(bound * 100, 9))
+                text += (
+                    f"; cleared on the outcome: steps {_span(cleared)} (re-drawing their "
+                    f"group changed it in none of the {done.seeds} seeds: at "
+                    f"{self.ctx.spec.confidence:.0%}, each such group's blame is at most "
+                    f"{most}%)"
+                )
+            text += f"; left to measure: {left}" if left else "; nothing left: no step to blame"
+        return Note(
+            kind="groups",
+            text=text,
+            figures={
+                "round": self.round + 1,
+                "forks": forks,
+                "seeds": done.seeds,
+                "groups": [list(g) for g in done.groups],
+                "cleared": cleared,
+                "left": left,
+            },
+        )
+
+    def state(self) -> dict[str, Any]:
+        return {"round": self.round, "groups": [list(g) for g in self.game.groups]}
+
+
+def _span(steps: list[int]) -> str:
+    """Steps as a list, or as a range when they are many."""
+    steps = sorted(steps)
+    if len(steps) <= 6:
+        return str(steps)
+    return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
+
+
+def _flipped(row: Row) -> bool | None:
+    return None if row["outcome"] is None else bool(row["flipped"])
