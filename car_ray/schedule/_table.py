@@ -256,9 +256,9 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
         # enough can be missed.
         fewest = min(screen.clean.get(k, 0) for k in screen.steps)
         figures["fewest_clean"] = fewest
+        bound = DeviationScreen.bound_after(fewest, ctx.alpha)
+        most = DeviationScreen.percent_after(fewest, ctx.alpha)
         if screen.settled:
-            bound = DeviationScreen.bound_after(fewest, ctx.alpha)
-            most = math.ceil(round(bound * 100, 9))
             figures["group_bound"] = bound
             text = (
                 "shapley: no step's re-draw changes the outcome, as far as re-drawing them in "
@@ -272,9 +272,6 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
                 "re-draw(s) of a step: this says little"
             )
         else:
-            # Rounded up: the bound is a most, and "14%" must not read below it.
-            bound = DeviationScreen.bound_after(fewest, ctx.alpha)
-            most = math.ceil(round(bound * 100, 9))
             figures["deviation_bound"] = bound
             text = (
                 "shapley: no step makes a choice that could change the outcome, as far as "

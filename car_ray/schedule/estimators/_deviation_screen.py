@@ -96,6 +96,12 @@ class DeviationScreen:
         return 1.0 if n == 0 else float(1.0 - alpha ** (1.0 / n))
 
     @staticmethod
+    def percent_after(n: int, alpha: float) -> int:
+        """`bound_after` in whole percent, rounded up: a bound is a most, and "14%" must not
+        read below it."""
+        return math.ceil(round(DeviationScreen.bound_after(n, alpha) * 100, 9))
+
+    @staticmethod
     def clean_for(bound: float, alpha: float) -> int:
         """The fewest clean observations whose `deviation_bound` is below `bound`."""
         if bound >= 1.0:

@@ -4,7 +4,6 @@ steps left."""
 
 from __future__ import annotations
 
-import math
 from types import MappingProxyType
 from typing import Any
 
@@ -208,8 +207,7 @@ class HeldGroups(BaseStage):
             text += "; the budget ended before the round did"
         else:
             if cleared:
-                bound = DeviationScreen.bound_after(done.seeds, self.ctx.alpha)
-                most = math.ceil(round(bound * 100, 9))
+                most = DeviationScreen.percent_after(done.seeds, self.ctx.alpha)
                 text += (
                     f"; cleared on the outcome: steps {_span(cleared)} (re-drawing their "
                     f"group changed it in none of the {done.seeds} seeds: at "
