@@ -96,37 +96,43 @@ def test_a_groups_mean_marginal_is_its_exact_owen_value(
 @pytest.mark.parametrize("fails", [lambda bad: {1, 4} <= bad, lambda bad: bool({1, 4} & bad)])
 def test_both_halves_of_an_and_and_of_an_over_determined_pair_survive(fails: Fails) -> None:
     """An AND and an over-determined pair split over two of four groups, each half good with
-    probability 0.6 when re-drawn. In 40 runs of the round (each its own draws and orders)
+    probability 0.8 when re-drawn. In 40 runs of the round (each its own draws and orders)
     the two groups that hold neither are cleared every time, and a half's group is missed
-    in at most 2: a half changes the outcome in a seed with probability 0.42 (AND) or 0.18
-    (over-determined), and a round looks at least 9 seeds past a perfect leader (its lower
-    bound after 4 seeds is 0.6), more past a weaker one, so a run misses one with chance
-    below 1% (0.58^9) and 0.3% (0.82^20 at the most seeds: an over-determined pair's
-    leader is weak); 3 misses of 40 at 1% is below 1%."""
+    in at most 1: a half changes the outcome in a seed with probability at least 0.32 (the
+    over-determined pair's: second in the order, both good), so SCREEN_CLEAN seeds miss it
+    with chance 0.68^20 < 0.0005, a run with chance below 0.001, and two runs of 40 with
+    chance below 0.001."""
     missed = 0
     for run in range(40):
         game = GroupGame(split(range(12), 4), alpha=0.05, salt=f"pair/{run}")
-        _play(game, {1: 0.6, 4: 0.6}, fails, SCREEN_CLEAN, rng_seed=run)
+        _play(game, {1: 0.8, 4: 0.8}, fails, SCREEN_CLEAN, rng_seed=run)
         assert game.decided()
         assert set(game.active()) <= {0, 1}, (run, game.active(), game.means())
         missed += game.active() != [0, 1]
-    assert missed <= 2
+    assert missed <= 1
 
 
-def test_a_sparse_cause_is_found_and_the_round_ends_early() -> None:
+def test_a_round_clears_what_never_changed_the_outcome_and_ends_early_when_nothing_can_be() -> None:
     """One cause (step 14, clearing the failure 70% of the time it is re-drawn) among 30
-    steps in 4 groups: in each of 40 runs the cause's group alone is left, and the round
-    ends before SCREEN_CLEAN seeds in most (its leader's marginal has mean 0.7 and sd 0.46:
-    its t bound passes 0.4 at about 12 seeds, where 13 clean seeds bound a group by 0.2)."""
-    seeds = []
+    steps in 4 groups: in each of 40 runs the cause's group alone is left after SCREEN_CLEAN
+    seeds (the clean draws "no step to blame" rests on). A cause in every group (any one
+    bad keeps the failure, so a group changes it only when last in a seed's order): the
+    round ends at the first seed, MIN_SEEDS or after, by which each has changed it (nothing
+    could be cleared), well before SCREEN_CLEAN."""
     for run in range(40):
         game = GroupGame(split(range(30), 4), alpha=0.05, salt=f"sparse/{run}")
-        _play(game, {14: 0.7}, lambda bad: 14 in bad, SCREEN_CLEAN, rng_seed=run)
+        _play(game, {14: 0.7}, lambda bad: 14 in bad, SCREEN_CLEAN + 5, rng_seed=run)
         assert game.decided()
         assert game.active() == [1]  # steps 8..14
-        seeds.append(len(game.seeds()))
-    assert min(seeds) >= MIN_SEEDS
-    assert float(np.median(seeds)) <= 14 and sum(n < SCREEN_CLEAN for n in seeds) >= 30
+        assert len(game.seeds()) == SCREEN_CLEAN
+    causes = {1: 1.0, 9: 1.0, 17: 1.0, 25: 1.0}
+    dense = GroupGame(split(range(30), 4), alpha=0.05, salt="dense")
+    _play(dense, causes, lambda bad: len(bad & set(causes)) >= 1, SCREEN_CLEAN)
+    assert dense.decided() and dense.active() == [0, 1, 2, 3]
+    n = len(dense.seeds())
+    assert MIN_SEEDS <= n < SCREEN_CLEAN
+    last = [dense.order(s)[-1] for s in range(n)]
+    assert len(set(last)) == 4 and (n == MIN_SEEDS or len(set(last[:-1])) == 3)
 
 
 def test_with_nothing_to_blame_every_group_is_cleared_at_screen_clean() -> None:

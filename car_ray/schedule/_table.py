@@ -39,6 +39,7 @@ class Results:
     shapley: ShapleyResult | None = None
     draws: DrawsResult | None = None
     groups: GroupsResult | None = None
+    latest_screen: ScreenResult | None = None
     notes: list[Note] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)  # the plan's stages, by name
 
@@ -54,6 +55,7 @@ class Results:
                     self.arms = result
             elif isinstance(result, ScreenResult):
                 self.screened = result
+                self.latest_screen = result
             elif isinstance(result, DrawsResult):
                 self.draws = result
                 self.notes.extend(result.notes)
@@ -62,13 +64,14 @@ class Results:
                 self.notes.extend(result.notes)
             else:
                 self.shapley = result
+                self.latest_screen = result.screen
                 self.notes.extend(result.notes)
 
     @property
     def screen(self) -> ScreenResult | None:
-        """The screen as it stood at the end: the Shapley's (its probes screen too), else
-        the screen stage's."""
-        return self.shapley.screen if self.shapley is not None else self.screened
+        """The screen as it stood at the end: the last a stage handed back (a Shapley's: its
+        probes screen too; the group game's: it settles steps)."""
+        return self.latest_screen
 
     @property
     def verdict(self) -> Verdict | None:
@@ -221,12 +224,19 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
             )
         )
     probed = f" and probes in {screen.probe_forks} Shapley forks" if screen.probe_forks else ""
+    settled = (
+        f"; {len(screen.settled)} more cleared on the outcome, in groups" if screen.settled else ""
+    )
     notes.append(
         Note(
             kind="screen",
             text=f"screen: {screen.forks} forks{probed}; steps that make choices: "
-            f"{list(screen.candidates) or 'none'}",
-            figures={"forks": screen.forks, "candidates": list(screen.candidates)},
+            f"{list(screen.candidates) or 'none'}{settled}",
+            figures={
+                "forks": screen.forks,
+                "candidates": list(screen.candidates),
+                "settled": sorted(screen.settled),
+            },
         )
     )
     n = len(shapley.seeds) if shapley is not None else 0

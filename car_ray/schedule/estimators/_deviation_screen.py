@@ -33,6 +33,7 @@ class DeviationScreen:
     # its group changed nothing, counted as its clean draws. They are held from then on:
     # never screened or probed again, and not candidates even where they left the tape.
     settled: dict[int, int] = field(default_factory=dict)
+    grouped: bool = False  # the group game has run (it runs once a job)
 
     def block(self) -> list[int]:
         return [
@@ -45,11 +46,12 @@ class DeviationScreen:
 
     def settle(self, steps: Sequence[int], seeds: int) -> None:
         """Steps whose group's re-draws changed the outcome in none of `seeds` seeds: each
-        counts them as clean draws (its group's blame is at most how often a re-draw of the
-        group changes the outcome, as a step's is at most how often it leaves the tape)."""
+        counts them as its clean draws, in place of any it had (its group's blame is at most
+        how often a re-draw of the group changes the outcome, as a step's is at most how
+        often it leaves the tape; draws before a step left the tape are not "none in n")."""
         for k in steps:
             self.settled[k] = seeds
-            self.clean[k] = max(self.clean.get(k, 0), seeds)
+            self.clean[k] = seeds
 
     def done(self) -> bool:
         return not self.block() or self.strays >= 3

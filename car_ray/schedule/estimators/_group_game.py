@@ -14,10 +14,11 @@ marginals are 0 in n seeds has its value bounded as a step with n clean draws ha
 seen (the second of the two in the order clears the failure the first could not), as is an
 AND (the first of the two does).
 
-A round ends once every group either changed the outcome in some seed (it survives, to be
-split) or changed it in none of the seeds a clearance will need (`need`); only seeds whose
-every earlier seed is complete count, so a run that resumes from its rows ends each round
-where it ended before, whatever order the rows came in.
+A round ends after SCREEN_CLEAN seeds, when a group that never changed the outcome has the
+clean draws a "no step to blame" needs (and a verdict's clearance against a top worth a
+quarter or more), or as soon as every group has changed the outcome (none could be cleared);
+only seeds whose every earlier seed is complete count, so a run that resumes from its rows
+ends each round where it ended before, whatever order the rows came in.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._tuning import MIN_SEEDS, SCREEN_CLEAN
-from ..rules import mean_lower
-from ._deviation_screen import DeviationScreen
 
 
 def split(steps: Sequence[int], ways: int) -> list[tuple[int, ...]]:
@@ -124,32 +123,18 @@ class GroupGame:
     def matrix(self, seeds: Sequence[int]) -> np.ndarray:
         return np.array([self.marginals(s) for s in seeds]).reshape(len(seeds), len(self.groups))
 
-    def need(self, marginals: np.ndarray) -> int:
-        """The seeds with no change of outcome that clear a group, from those so far: enough
-        that a group worth half the leading group's value is missed with chance at most
-        alpha, the leading value taken at its lower bound (`mean_lower` at alpha, so a lucky
-        first few seeds do not end the round early); SCREEN_CLEAN while that bound is not
-        above 0. At least MIN_SEEDS, at most SCREEN_CLEAN. (The clearance behind a verdict
-        asks for its own; this is where the round stops looking.)"""
-        if not marginals.size:
-            return SCREEN_CLEAN
-        top = int(np.argmax(marginals.mean(axis=0)))
-        level = np.array([self.alpha])
-        lower = float(mean_lower(marginals[:, top], level, low=-1.0)[0])
-        if lower <= 0:
-            return SCREEN_CLEAN
-        need = DeviationScreen.clean_for(lower / 2, self.alpha)
-        return max(MIN_SEEDS, min(SCREEN_CLEAN, need))
-
     def decided(self) -> bool:
-        """Whether the round has ended: looks at each new length of the counted seeds in
-        turn, so where it ends does not depend on the order rows came in."""
+        """Whether the round has ended: SCREEN_CLEAN counted seeds, or MIN_SEEDS once every
+        group has changed the outcome in one (none can be cleared). Looks at each new length
+        of the counted seeds in turn, so where it ends does not depend on the order rows
+        came in."""
         if self.decided_at is not None:
             return True
         seeds = self.seeds()
         for n in range(self._looked + 1, len(seeds) + 1):
             self._looked = n
-            if n >= self.need(self.matrix(seeds[:n])):
+            every = bool(np.all(np.any(self.matrix(seeds[:n]) != 0, axis=0)))
+            if n >= SCREEN_CLEAN or (n >= MIN_SEEDS and every):
                 self.decided_at = n
                 return True
         return False

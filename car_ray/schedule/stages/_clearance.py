@@ -88,6 +88,14 @@ class Clearance:
             reasons, seeds, top = shap.lacks()
         short = self.short(("separated", top)) if top else {}
         self.lacking = short if top else None
+        settled = sorted(k for k in short if k in screen.settled)
+        if settled:
+            reasons.append(
+                f"step(s) {settled} cleared on the outcome in groups lack the seeds that show "
+                "their blame below the top's (a stronger top would need fewer; more seeds of "
+                "their group are not run)"
+            )
+            short = {k: n for k, n in short.items() if k not in screen.settled}
         if short:
             step = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
             need = short[step]
@@ -135,15 +143,16 @@ class Clearance:
             if more * per_seed >= best:
                 break  # the clearance only adds
             lowers = [shap.phi_lower(t, more) for t in top]
-            clear = max(
-                (
-                    max(clean_to_clear(lower, self.clear_alpha, reach[k]) for lower in lowers)
-                    - screen.clean.get(k, 0)
-                    - rate[k] * more
-                    for k in unfound
-                ),
-                default=0.0,
-            )
+            needs = {
+                k: max(clean_to_clear(lower, self.clear_alpha, reach[k]) for lower in lowers)
+                - screen.clean.get(k, 0)
+                for k in unfound
+            }
+            if any(needs[k] > 0 for k in screen.settled if k in needs):
+                # Seeds only lower what a settled step needs; nothing adds to its draws.
+                extra = 2 * extra if extra else 1
+                continue
+            clear = max((needs[k] - rate[k] * more for k in unfound), default=0.0)
             best = min(best, more * per_seed + max(0.0, clear))
             extra = 2 * extra if extra else 1
         return max(1.0, best)

@@ -15,7 +15,7 @@ from ...replay import ForkSpec, Intervention, Resample
 from .._context import JobContext, coalition_of
 from .._results import GroupRound, GroupsResult, ShapleyResult, StageResult
 from .._tuning import GROUP_WAYS, GROUPS_FROM, SEEDS_IN_FLIGHT
-from ..estimators import DeviationScreen, GroupGame, SeedShapley, split
+from ..estimators import DeviationScreen, GroupGame, split
 from ._base import BaseStage, Fork, Next
 from ._screening import screen_result
 
@@ -25,10 +25,18 @@ GROUP_SEEDS = 3 << 30
 ROUND_SEEDS = 1 << 24
 
 
-def grouped(screen: DeviationScreen) -> bool:
-    """Whether a job should ask the outcome about groups before Shapley: the screen has found
-    GROUPS_FROM steps or more, and the group game has not run yet (it settles steps)."""
-    return len(screen.candidates) >= GROUPS_FROM and not screen.settled
+def grouped(ctx: JobContext, screen: DeviationScreen) -> bool:
+    """Whether a job should ask the outcome about groups before Shapley: the group game has
+    not run yet (it runs once), and the screen has found GROUPS_FROM steps or more, or an
+    earlier run of the job played it (a job that resumes goes where it went)."""
+    if screen.grouped:
+        return False
+    return len(screen.candidates) >= GROUPS_FROM or played(ctx)
+
+
+def played(ctx: JobContext) -> bool:
+    """Whether the job has rows of the group game (from this run or an earlier one)."""
+    return any(st == "groups" for st, _ in ctx.rows.by_arm)
 
 
 class HeldGroups(BaseStage):
@@ -37,8 +45,8 @@ class HeldGroups(BaseStage):
     time, until the round ends (`GroupGame.decided`). Groups that changed the outcome in no
     seed are settled (`DeviationScreen.settle`: held from then on, their seeds counted as
     clean draws); with none left, no step is to blame; with GROUP_WAYS steps or fewer left,
-    Shapley measures them (`HeldShapley`, the settled steps' clearance behind its verdict);
-    else the next round splits them again."""
+    or none settled, Shapley measures them (`HeldShapley`, the settled steps' clearance
+    behind its verdict); else the next round splits them again."""
 
     name = "groups"
 
@@ -46,13 +54,11 @@ class HeldGroups(BaseStage):
         self,
         ctx: JobContext,
         screen: DeviationScreen,
-        previous: SeedShapley | None = None,
         steps: list[int] | None = None,
         rounds: tuple[GroupRound, ...] = (),
     ) -> None:
         super().__init__(ctx)
         self.screen = screen
-        self.previous = previous
         self.round = len(rounds)
         self.rounds = rounds
         if steps is None:
@@ -63,6 +69,7 @@ class HeldGroups(BaseStage):
 
     def start(self) -> None:
         ctx = self.ctx
+        self.screen.grouped = True
         self.game = GroupGame(
             split(self.steps, GROUP_WAYS),
             ctx.alpha,
@@ -151,11 +158,15 @@ class HeldGroups(BaseStage):
         if not left:
             self.verdict = True
             return Next()
-        if len(left) <= GROUP_WAYS or all(len(game.groups[g]) == 1 for g in active):
+        if len(left) <= GROUP_WAYS or len(active) == len(game.groups):
+            # Few steps left, or none cleared (every group changed the outcome: splitting
+            # them again would play the same round): Shapley measures them. The Shapley
+            # before the groups is not an answer to fall back on: it was over steps since
+            # settled.
             for k in left:  # Shapley's candidates: the steps no round settled
                 self.screen.hits[k] = max(1, self.screen.hits.get(k, 0))
-            return Next(then=(HeldShapley(self.ctx, self.screen, previous=self.previous),))
-        return Next(then=(HeldGroups(self.ctx, self.screen, self.previous, left, self.rounds),))
+            return Next(then=(HeldShapley(self.ctx, self.screen),))
+        return Next(then=(HeldGroups(self.ctx, self.screen, left, self.rounds),))
 
     def _round(self) -> GroupRound:
         game = self.game

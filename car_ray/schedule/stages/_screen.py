@@ -73,7 +73,7 @@ class HeldScreen(BaseStage):
             return Next(end="budget_exhausted")
         screen = self._screen
         if screen.candidates:
-            if grouped(screen):
+            if grouped(self.ctx, screen):
                 return Next(then=(HeldGroups(self.ctx, screen),))
             return Next(then=(HeldShapley(self.ctx, screen),))
         if screen.clean_needed >= SCREEN_CLEAN:

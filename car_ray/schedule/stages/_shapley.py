@@ -18,7 +18,7 @@ from ..estimators import DeviationScreen, SeedShapley
 from ..rules import WindowLook
 from ._base import BaseStage, Fork, Lead, Next
 from ._clearance import SHAPLEY_SEEDS, Clearance
-from ._groups import HeldGroups, grouped
+from ._groups import HeldGroups, grouped, played
 from ._screening import probed, screen_forks, screen_result
 
 
@@ -68,7 +68,11 @@ class HeldShapley(BaseStage):
         steps whose words change at every re-draw), so its probes can find nothing more.
         The group game asks the outcome instead (`grouped`)."""
         shap, screen = self.shap, self.screen
-        if screen.settled or len(shap.complete_seeds()) < MIN_SEEDS:
+        if screen.grouped:
+            return False
+        if played(self.ctx):
+            return True  # an earlier run of the job went on to the group game from here
+        if len(shap.complete_seeds()) < MIN_SEEDS:
             return False
         phi, _, _ = shap.per_seed()
         unfound = self.clearance.unfound()
@@ -271,12 +275,12 @@ class HeldShapley(BaseStage):
                 self.unsettled = self.clearance.unsettled(verdict)
             return Next(end="complete" if self.verdict is not None else "budget_exhausted")
         if self.regroup and not exhausted:
-            return Next(then=(HeldGroups(self.ctx, screen, previous=shown),))
+            return Next(then=(HeldGroups(self.ctx, screen),))
         if len(screen.candidates) == self.found:
             return Next()
-        if grouped(screen):
+        if grouped(self.ctx, screen):
             # Many steps found: the outcome says which of them matter first.
-            return Next(then=(HeldGroups(self.ctx, screen, previous=shown),))
+            return Next(then=(HeldGroups(self.ctx, screen),))
         return Next(then=(HeldShapley(self.ctx, screen, previous=shown),))
 
     def result(self) -> tuple[StageResult, ...]:
