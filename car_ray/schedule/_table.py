@@ -70,8 +70,11 @@ class Results:
     @property
     def screen(self) -> ScreenResult | None:
         """The screen as it stood at the end: the last a stage handed back (a Shapley's: its
-        probes screen too; the group game's: it settles steps)."""
-        return self.latest_screen
+        probes screen too; the group game's: it settles steps), else the Shapley's, else the
+        screen stage's."""
+        if self.latest_screen is not None:
+            return self.latest_screen
+        return self.shapley.screen if self.shapley is not None else self.screened
 
     @property
     def verdict(self) -> Verdict | None:
