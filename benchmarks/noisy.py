@@ -33,8 +33,9 @@ JOBS = (
     "support_refund_noisy",
 )
 WAYS = ("decisions", "actions")
-# Holding actions, a 101-step job spends its whole default cap (1,010 forks of a slow agent:
-# twenty minutes a job here): that way is measured on the shorter tapes only.
+# Holding actions, a 101-step job runs the group game's rounds (about 260 forks of a slow
+# agent: many minutes a job here in one process): that way is measured on the shorter tapes
+# only, and on longer ones by benchmarks/groups.py.
 DECISIONS_ONLY = ("checklist_sparse_100",)
 
 

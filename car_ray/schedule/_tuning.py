@@ -116,16 +116,18 @@ RECORD: dict[str, Evidence] = {
     "GROUPS_FROM": Evidence(
         "steps found to make choices at which the job stops measuring them one by one and "
         "asks the outcome which groups of steps matter (`HeldGroups`)",
-        "benchmarks/groups.py; benchmarks/same_forks.py (no scenario of the noise-free suite "
-        "finds this many, so none of its forks move)",
-        "(this change)",
-        "see the benchmark's figures in the closing note of this change",
+        "reasoning: more than the noise-free suite's screens find (at most five, "
+        "checklist_dense's planted steps), so benchmarks/same_forks.py sees no fork move",
+        "14f8970",
+        "none of its own (the group game's cost: benchmarks/groups.py)",
     ),
     "GROUP_WAYS": Evidence(
         "groups a round of the group game splits its steps into (each seed's chain is this "
         "many forks), and the most steps it hands to Shapley",
-        _NOT_MEASURED,
-        "(this change)",
+        "reasoning: a round costs ways x SCREEN_CLEAN forks and a tape of n steps takes "
+        "log_ways(n / ways) rounds, so the forks go as ways / ln(ways): 2.89 at 2 and 4, 2.73 "
+        "at 3 (no value measured against another)",
+        "14f8970",
         "none",
     ),
     "SEEDS_IN_FLIGHT": Evidence(
