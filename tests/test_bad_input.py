@@ -13,6 +13,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+import car_ray.cli as cli_module
 from car_ray import AgentContext
 from car_ray._notes import Note
 from car_ray.attribute import results_table
@@ -331,7 +332,12 @@ def test_attribute_names_the_failing_agent_or_scorer_in_one_line(
 
 
 @pytest.mark.usefixtures("ray_local")
-def test_attribute_prints_an_answer_that_looks_like_markup(user_job: Path, tmp_path: Path) -> None:
+def test_attribute_prints_an_answer_that_looks_like_markup(
+    user_job: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The table as wide as a log gets it (150 columns), whatever COLUMNS the test process
+    # was started with: at 80 the label wraps inside its cell and the text is split.
+    monkeypatch.setattr(cli_module.console, "_width", 150)
     result = cli.invoke(
         app, ["attribute", str(user_job / "job.toml"), "--max-forks", "5", "--out", str(tmp_path)]
     )
