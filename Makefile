@@ -22,7 +22,7 @@ typecheck: $(STAMP)
 
 # pytest's exit 5 means it collected no test: that is a failure, not a pass.
 test: lint typecheck
-	RAY_USAGE_STATS_ENABLED=0 .venv/bin/pytest -q tests; s=$$?; \
+	RAY_USAGE_STATS_ENABLED=0 .venv/bin/pytest -q -n 2 --dist loadfile tests; s=$$?; \
 	if [ $$s -eq 5 ]; then echo "pytest collected no tests" >&2; exit 1; fi; exit $$s
 
 bench: $(STAMP)
