@@ -110,22 +110,11 @@ class DrawsResult:
 
 
 @dataclass(frozen=True)
-class GroupRound:
-    """One round of the group game: its groups, the seeds it counted, the groups that
-    changed the outcome in one of them (they go on), and each group's mean marginal."""
-
-    groups: tuple[tuple[int, ...], ...]
-    seeds: int
-    active: tuple[int, ...]
-    means: tuple[float, ...]
-
-
-@dataclass(frozen=True)
 class GroupsResult:
-    """What the group game found: its rounds so far, the forks it ran, and its notes."""
+    """What a round of the group game says: its note (its groups, seeds and forks, the steps
+    it cleared and those left, as figures too). What it cleared is in the screen's result
+    (`ScreenResult.settled`)."""
 
-    rounds: tuple[GroupRound, ...]
-    forks: int
     notes: tuple[Note, ...] = ()
 
 

@@ -38,7 +38,6 @@ class Results:
     screened: ScreenResult | None = None
     shapley: ShapleyResult | None = None
     draws: DrawsResult | None = None
-    groups: GroupsResult | None = None
     latest_screen: ScreenResult | None = None
     notes: list[Note] = field(default_factory=list)
     planned: list[str] = field(default_factory=list)  # the plan's stages, by name
@@ -60,7 +59,6 @@ class Results:
                 self.draws = result
                 self.notes.extend(result.notes)
             elif isinstance(result, GroupsResult):
-                self.groups = result
                 self.notes.extend(result.notes)
             else:
                 self.shapley = result

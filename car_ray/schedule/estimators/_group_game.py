@@ -143,7 +143,3 @@ class GroupGame:
         """Groups (by index) that changed the outcome in a counted seed."""
         m = self.matrix(self.seeds())
         return [g for g in range(len(self.groups)) if m.size and bool(np.any(m[:, g] != 0))]
-
-    def means(self) -> np.ndarray:
-        m = self.matrix(self.seeds())
-        return m.mean(axis=0) if m.size else np.zeros(len(self.groups))

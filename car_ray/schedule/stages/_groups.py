@@ -13,7 +13,7 @@ from ..._notes import Note
 from ...execute import Row
 from ...replay import ForkSpec, Intervention, Resample
 from .._context import JobContext, coalition_of
-from .._results import GroupRound, GroupsResult, ShapleyResult, StageResult
+from .._results import GroupsResult, ShapleyResult, StageResult
 from .._tuning import GROUP_WAYS, GROUPS_FROM, SEEDS_IN_FLIGHT
 from ..estimators import DeviationScreen, GroupGame, split
 from ._base import BaseStage, Fork, Next
@@ -55,12 +55,11 @@ class HeldGroups(BaseStage):
         ctx: JobContext,
         screen: DeviationScreen,
         steps: list[int] | None = None,
-        rounds: tuple[GroupRound, ...] = (),
+        number: int = 0,
     ) -> None:
         super().__init__(ctx)
         self.screen = screen
-        self.round = len(rounds)
-        self.rounds = rounds
+        self.round = number  # which round, from 0
         if steps is None:
             steps = [k for k in screen.steps if k not in screen.settled]
         self.steps = steps
@@ -76,9 +75,11 @@ class HeldGroups(BaseStage):
             salt=f"{ctx.spec.attribution_seed}/{self.round}",
         )
         self.pending: dict[int, set[frozenset[int]]] = {}
+        self.forks = 0  # rows of this round's forks, an earlier run's counted
         for spec, row in ctx.rows.of("groups", "held"):
             seed = self._seed(spec)
             if 0 <= seed < ROUND_SEEDS:
+                self.forks += 1
                 self.game.observe(seed, coalition_of(spec), _flipped(row))
 
     def _seed(self, spec: ForkSpec) -> int:
@@ -135,6 +136,7 @@ class HeldGroups(BaseStage):
         return seed, coalition
 
     def observe(self, row: Row) -> None:
+        self.forks += 1
         seed, coalition = self._settle(ForkSpec.model_validate_json(row["spec"]))
         self.game.observe(seed, coalition, _flipped(row))
 
@@ -148,17 +150,12 @@ class HeldGroups(BaseStage):
         game = self.game
         if not game.decided():
             return Next(end="budget_exhausted")
-        self.rounds = (*self.rounds, self._round())
-        active = set(game.active())
-        seeds = len(game.seeds())
-        for g, steps in enumerate(game.groups):
-            if g not in active:
-                self.screen.settle(steps, seeds)
-        left = sorted(k for g in active for k in game.groups[g])
+        cleared, left = self._outcome()
+        self.screen.settle(cleared, len(game.seeds()))
         if not left:
             self.verdict = True
             return Next()
-        if len(left) <= GROUP_WAYS or len(active) == len(game.groups):
+        if len(left) <= GROUP_WAYS or not cleared:
             # Few steps left, or none cleared (every group changed the outcome: splitting
             # them again would play the same round): Shapley measures them. The Shapley
             # before the groups is not an answer to fall back on: it was over steps since
@@ -166,24 +163,21 @@ class HeldGroups(BaseStage):
             for k in left:  # Shapley's candidates: the steps no round settled
                 self.screen.hits[k] = max(1, self.screen.hits.get(k, 0))
             return Next(then=(HeldShapley(self.ctx, self.screen),))
-        return Next(then=(HeldGroups(self.ctx, self.screen, left, self.rounds),))
+        return Next(then=(HeldGroups(self.ctx, self.screen, left, self.round + 1),))
 
-    def _round(self) -> GroupRound:
+    def _outcome(self) -> tuple[list[int], list[int]]:
+        """The steps the round cleared (their group changed the outcome in no counted seed)
+        and those left (the others); none cleared while the round runs."""
         game = self.game
-        return GroupRound(
-            groups=tuple(game.groups),
-            seeds=len(game.seeds()),
-            active=tuple(game.active()),
-            means=tuple(float(x) for x in game.means()),
-        )
+        if not game.decided():
+            return [], sorted(self.steps)
+        active = set(game.active())
+        cleared = [k for g, steps in enumerate(game.groups) if g not in active for k in steps]
+        left = [k for g, steps in enumerate(game.groups) if g in active for k in steps]
+        return sorted(cleared), sorted(left)
 
     def result(self) -> tuple[StageResult, ...]:
-        game = self.game
-        rounds = self.rounds if game.decided() else (*self.rounds, self._round())
-        forks = sum(1 for _ in self.ctx.rows.of("groups", "held"))
-        out: list[StageResult] = [
-            GroupsResult(rounds=rounds, forks=forks, notes=(self._note(rounds[-1]),))
-        ]
+        out: list[StageResult] = [GroupsResult(notes=(self._note(),))]
         screen = screen_result(self.screen, ("separated", ()) if self.verdict else None)
         out.append(screen)
         if self.verdict:
@@ -201,27 +195,23 @@ class HeldGroups(BaseStage):
             )
         return tuple(out)
 
-    def _note(self, done: GroupRound) -> Note:
+    def _note(self) -> Note:
         """What this round did: its groups and seeds, what it cleared and what is left."""
-        forks = sum(
-            1
-            for spec, _ in self.ctx.rows.of("groups", "held")
-            if 0 <= self._seed(spec) < ROUND_SEEDS
-        )
+        game = self.game
+        seeds = len(game.seeds())
         text = (
             f"groups, round {self.round + 1}: steps {_span(self.steps)} in "
-            f"{len(done.groups)} groups, {done.seeds} seed(s) ({forks} forks)"
+            f"{len(game.groups)} groups, {seeds} seed(s) ({self.forks} forks)"
         )
-        cleared = [k for g, steps in enumerate(done.groups) if g not in done.active for k in steps]
-        left = [k for g in done.active for k in done.groups[g]]
-        if not self.game.decided():
+        cleared, left = self._outcome()
+        if not game.decided():
             text += "; the budget ended before the round did"
         else:
             if cleared:
-                most = DeviationScreen.percent_after(done.seeds, self.ctx.alpha)
+                most = DeviationScreen.percent_after(seeds, self.ctx.alpha)
                 text += (
                     f"; cleared on the outcome: steps {_span(cleared)} (re-drawing their "
-                    f"group changed it in none of the {done.seeds} seeds: at "
+                    f"group changed it in none of the {seeds} seeds: at "
                     f"{self.ctx.spec.confidence:.0%}, each such group's blame is at most "
                     f"{most}%)"
                 )
@@ -231,9 +221,9 @@ class HeldGroups(BaseStage):
             text=text,
             figures={
                 "round": self.round + 1,
-                "forks": forks,
-                "seeds": done.seeds,
-                "groups": [list(g) for g in done.groups],
+                "forks": self.forks,
+                "seeds": seeds,
+                "groups": [list(g) for g in game.groups],
                 "cleared": cleared,
                 "left": left,
             },

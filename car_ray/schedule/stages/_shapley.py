@@ -60,6 +60,10 @@ class HeldShapley(BaseStage):
         self.target = self.ctx.spec.target_half_width
         self.clearance = Clearance(self.ctx, shap, self.screen, self.target)
         self.regroup = False  # the outcome, not the screen, must say what matters
+        # An earlier run of the job went on from here to the group game (its rows say so:
+        # this run's rows of it come only after this stage).
+        self.regrouped = played(self.ctx)
+        self.flipped = False  # a complete seed has flipped: never blind again
 
     def _blind(self) -> bool:
         """Whether this Shapley can neither blame nor find anything: MIN_SEEDS complete
@@ -68,17 +72,18 @@ class HeldShapley(BaseStage):
         steps whose words change at every re-draw), so its probes can find nothing more.
         The group game asks the outcome instead (`grouped`)."""
         shap, screen = self.shap, self.screen
-        if screen.grouped:
+        if screen.grouped or self.flipped:
             return False
-        if played(self.ctx):
-            return True  # an earlier run of the job went on to the group game from here
+        if self.regrouped:
+            return True
         if len(shap.complete_seeds()) < MIN_SEEDS:
             return False
         phi, _, _ = shap.per_seed()
+        self.flipped = bool(np.any(phi))  # complete seeds stay complete: it stays so
         unfound = self.clearance.unfound()
         return (
             bool(unfound)
-            and not bool(np.any(phi))
+            and not self.flipped
             and all(self.clearance.probe_rate(k) == 0.0 for k in unfound)
         )
 
