@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from statistics import median
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -206,6 +207,22 @@ def in_processes(
     """`run` over `tasks` in `processes` spawned worker processes, in order."""
     with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
         return list(pool.map(run, tasks))
+
+
+# The ends of a default job that answer (`car_ray.bench.ended`): a verdict, or nothing to blame.
+ANSWERS = ("separated", "precise", "nothing")
+
+
+def job_cell(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What a benchmark says of one scenario's jobs (each run a dict with `right`, `ended`
+    and `forks`): how many ranked the planted step first, how many stopped on an answer, the
+    median forks and how many ran."""
+    return {
+        "right": sum(bool(r["right"]) for r in runs),
+        "answered": sum(r["ended"] in ANSWERS for r in runs),
+        "median_forks": median(r["forks"] for r in runs),
+        "runs": len(runs),
+    }
 
 
 def write_figures(console: Console, out: Path, name: str, figures: Any, began: float) -> None:

@@ -24,10 +24,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from statistics import median
 from typing import Any
 
-from _common import ROOT, in_processes, make_console, write_figures
+from _common import ANSWERS, ROOT, in_processes, job_cell, make_console, write_figures
 from rich.table import Table
 
 WAYS = ("coupled", "seeded", "seeded:live")
@@ -113,23 +112,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for draws in ways:
             runs = [r for r in results if r["job"] == name and r["draws"] == draws]
             steps = runs[0]["steps"]
-            answered = sum(r["ended"] in ("separated", "precise", "nothing") for r in runs)
-            right = sum(r["right"] for r in runs)
-            forks = median(r["forks"] for r in runs)
-            summary[f"{name}/{draws}"] = {
-                "right": right,
-                "answered": answered,
-                "median_forks": forks,
-                "runs": len(runs),
-            }
-            cells += [f"{right}/{len(runs)}", f"{answered}/{len(runs)}", f"{forks:g}"]
+            cell = summary[f"{name}/{draws}"] = job_cell(runs)
+            cells += [
+                f"{cell['right']}/{len(runs)}",
+                f"{cell['answered']}/{len(runs)}",
+                f"{cell['median_forks']:g}",
+            ]
         table.add_row(name, str(steps), *cells)
     console.print(table)
     for draws in ways:
         runs = [r for r in results if r["draws"] == draws]
         console.print(
             f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
-            f"answered {sum(r['ended'] in ('separated', 'precise', 'nothing') for r in runs)}",
+            f"answered {sum(r['ended'] in ANSWERS for r in runs)}",
             markup=False,
         )
     figures = {"seeds": args.seeds, "ways": ways, "summary": summary, "runs": results}

@@ -30,6 +30,7 @@ from _common import (
     DEFAULT_OUT,
     ROOT,
     in_processes,
+    job_cell,
     make_console,
     record_demo_tape,
     write_figures,
@@ -151,14 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for items in sizes:
         for hold in WAYS:
             runs = [r for r in results if r["items"] == items and r["hold"] == hold]
-            answered = sum(r["ended"] in ("separated", "precise", "nothing") for r in runs)
             cell = {
+                **job_cell(runs),
                 "steps": runs[0]["steps"],
-                "median_forks": median(r["forks"] for r in runs),
                 "median_group_forks": median(r["group_forks"] for r in runs),
-                "answered": answered,
-                "right": sum(r["right"] for r in runs),
-                "runs": len(runs),
             }
             summary[f"{items}/{hold}"] = cell
             table.add_row(
@@ -166,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hold,
                 f"{cell['median_forks']:g}",
                 f"{cell['median_group_forks']:g}",
-                f"{answered} of {len(runs)}",
+                f"{cell['answered']} of {len(runs)}",
                 f"{cell['right']} of {len(runs)}",
             )
     console.print(table)

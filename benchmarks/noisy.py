@@ -16,10 +16,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from statistics import median
 from typing import Any
 
-from _common import ROOT, in_processes, make_console, seeds_args, write_figures
+from _common import ROOT, in_processes, job_cell, make_console, seeds_args, write_figures
 from rich.table import Table
 
 JOBS = (
@@ -94,22 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs = [r for r in results if r["job"] == name and r["hold"] == hold]
             if not runs:
                 continue
-            answered = sum(r["ended"] in ("separated", "precise", "nothing") for r in runs)
-            right = sum(r["right"] for r in runs)
-            cell = {
-                "median_forks": median(r["forks"] for r in runs),
-                "answered": answered,
-                "right": right,
-                "runs": len(runs),
-            }
+            cell = job_cell(runs)
             summary[f"{name}/{hold}"] = cell
             table.add_row(
                 name,
                 str(runs[0]["steps"]),
                 hold,
                 f"{cell['median_forks']:g}",
-                f"{answered} of {len(runs)}",
-                f"{right} of {len(runs)}",
+                f"{cell['answered']} of {len(runs)}",
+                f"{cell['right']} of {len(runs)}",
             )
     console.print(table)
     figures = {"seeds": args.seeds, "summary": summary, "runs": results}
