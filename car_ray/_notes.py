@@ -13,11 +13,10 @@ Severity = Literal["info", "warning", "error"]
 # The kinds a job writes, by what said it:
 #   verify_failed, control_failed, failed (most forks unscored), gave_up (a fork's provider
 #   kept failing), provider_errors, overspent: the run; screen, screen_strays, shapley,
-#   shapley_late, more: the held stages; nothing_measured, interrupted, constant_scorer,
-#   carried, partial: the job as `car-ray attribute` ran it; provider_draws: what the provider
-#   does with a recorded draw's seed (a job not on the coupled simulator); note: a job.json
-#   written before
-#   notes had kinds.
+#   shapley_late, more, groups, groups_on: the held stages; nothing_measured, interrupted,
+#   constant_scorer, carried, partial: the job as `car-ray attribute` ran it; provider_draws:
+#   what the provider does with a recorded draw's seed (a job not on the coupled simulator);
+#   note: a job.json written before notes had kinds.
 NoteKind = str
 
 

@@ -101,30 +101,46 @@ def test_both_halves_of_an_and_and_of_an_over_determined_pair_survive(fails: Fai
     in at most 1: a half changes the outcome in a seed with probability at least 0.32 (the
     over-determined pair's: second in the order, both good), so SCREEN_CLEAN seeds miss it
     with chance 0.68^20 < 0.0005, a run with chance below 0.001, and two runs of 40 with
-    chance below 0.001."""
+    chance below 0.001. A round may end before SCREEN_CLEAN (the other half strong) with a
+    half's group settled: gone on to SCREEN_CLEAN counted seeds, as a verdict's clearance
+    asks of it, that group is found not clear (`broken`)."""
     missed = 0
     for run in range(40):
         game = GroupGame(split(range(12), 4), alpha=0.05, salt=f"pair/{run}")
         _play(game, {1: 0.8, 4: 0.8}, fails, SCREEN_CLEAN, rng_seed=run)
-        assert game.decided()
+        assert game.decided() and game.decided_at is not None
         assert set(game.active()) <= {0, 1}, (run, game.active())
-        missed += game.active() != [0, 1]
+        game.extended = SCREEN_CLEAN - game.decided_at
+        assert len(game.counted()) == SCREEN_CLEAN and not game.waiting()
+        found = set(game.active()) | set(game.broken())
+        assert found <= {0, 1}, (run, found)
+        missed += found != {0, 1}
     assert missed <= 1
 
 
 def test_a_round_clears_what_never_changed_the_outcome_and_ends_early_when_nothing_can_be() -> None:
     """One cause (step 14, clearing the failure 70% of the time it is re-drawn) among 30
-    steps in 4 groups: in each of 40 runs the cause's group alone is left after SCREEN_CLEAN
-    seeds (the clean draws "no step to blame" rests on). A cause in every group (any one
-    bad keeps the failure, so a group changes it only when last in a seed's order): the
-    round ends at the first seed, MIN_SEEDS or after, by which each has changed it (nothing
-    could be cleared), well before SCREEN_CLEAN."""
+    steps in 4 groups: in each of 40 runs the cause's group alone is left, and the round
+    ends once the other groups' clean seeds bound them below the cause group's exact lower
+    bound. Its marginal is a fresh 0.7 coin each seed, so by enumerating that chain the
+    round ends by seed 9 with probability 0.738: the median of 40 runs is above 9 with
+    chance below 0.001. Gone on to SCREEN_CLEAN seeds (the clean draws "no step to blame"
+    rests on), no settled group changes the outcome. A cause in every group (any one bad
+    keeps the failure, so a group changes it only when last in a seed's order): the round
+    ends at the first seed, MIN_SEEDS or after, by which each has changed it (nothing could
+    be cleared), well before SCREEN_CLEAN."""
+    ends = []
     for run in range(40):
         game = GroupGame(split(range(30), 4), alpha=0.05, salt=f"sparse/{run}")
         _play(game, {14: 0.7}, lambda bad: 14 in bad, SCREEN_CLEAN + 5, rng_seed=run)
-        assert game.decided()
+        assert game.decided() and game.decided_at is not None
         assert game.active() == [1]  # steps 8..14
-        assert len(game.seeds()) == SCREEN_CLEAN
+        assert game.settled() == [0, 2, 3]
+        ends.append(game.decided_at)
+        game.extended = SCREEN_CLEAN - game.decided_at
+        assert len(game.counted()) == SCREEN_CLEAN and game.broken() == []
+    assert MIN_SEEDS <= min(ends) and max(ends) <= SCREEN_CLEAN
+    assert float(np.median(ends)) <= 9, ends
     causes = {1: 1.0, 9: 1.0, 17: 1.0, 25: 1.0}
     dense = GroupGame(split(range(30), 4), alpha=0.05, salt="dense")
     _play(dense, causes, lambda bad: len(bad & set(causes)) >= 1, SCREEN_CLEAN)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._group_game import GroupGame
 
 
 @dataclass
@@ -34,6 +38,9 @@ class DeviationScreen:
     # never screened or probed again, and not candidates even where they left the tape.
     settled: dict[int, int] = field(default_factory=dict)
     grouped: bool = False  # the group game has run (it runs once a job)
+    # The group game's rounds that settled steps, by number: a verdict's clearance may ask
+    # one to go on for more of their draws (`GroupGame.extended`).
+    rounds: dict[int, GroupGame] = field(default_factory=dict)
 
     def block(self) -> list[int]:
         return [
@@ -52,6 +59,21 @@ class DeviationScreen:
         for k in steps:
             self.settled[k] = seeds
             self.clean[k] = seeds
+
+    def unsettle(self, steps: Sequence[int]) -> None:
+        """Steps whose group changed the outcome in a seed of its round that went on
+        (`GroupGame.broken`): not clear after all, they are candidates from then on."""
+        for k in steps:
+            self.settled.pop(k, None)
+            self.clean.pop(k, None)
+            self.hits[k] = max(1, self.hits.get(k, 0))
+
+    def round_of(self, k: int) -> int | None:
+        """The round that settled step k (None if none did)."""
+        for number, game in self.rounds.items():
+            if any(k in game.groups[g] for g in game.settled()):
+                return number
+        return None
 
     def done(self) -> bool:
         return not self.block() or self.strays >= 3

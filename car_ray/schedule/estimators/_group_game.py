@@ -15,10 +15,16 @@ seen (the second of the two in the order clears the failure the first could not)
 AND (the first of the two does).
 
 A round ends after SCREEN_CLEAN seeds, when a group that never changed the outcome has the
-clean draws a "no step to blame" needs (and a verdict's clearance against a top worth a
-quarter or more), or as soon as every group has changed the outcome (none could be cleared);
-only seeds whose every earlier seed is complete count, so a run that resumes from its rows
-ends each round where it ended before, whatever order the rows came in.
+clean draws a "no step to blame" needs; as soon as every group has changed the outcome (none
+could be cleared); or, once MIN_SEEDS seeds are in, when the groups that never changed it have
+the clean draws that would bound them below the strongest group's value (its exact lower
+bound). Only seeds whose every earlier seed is complete count, so a run that resumes from its
+rows ends each round where it ended before, whatever order the rows came in.
+
+A round that ended goes on for its settled groups when a verdict's clearance asks for more of
+their draws (`extended`, `counted`): more seeds of the same chains, counted in order after
+the round's own. A settled group whose marginal is not 0 in one of them was not clear after
+all (`broken`).
 """
 
 from __future__ import annotations
@@ -29,7 +35,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._interval import exact_lower
 from .._tuning import MIN_SEEDS, SCREEN_CLEAN
+from ._deviation_screen import DeviationScreen
 
 
 def split(steps: Sequence[int], ways: int) -> list[tuple[int, ...]]:
@@ -59,6 +67,8 @@ class GroupGame:
     # the prefix has been looked at.
     decided_at: int | None = None
     _looked: int = 0
+    # Seeds the round has gone on for since it ended, for its settled groups (`counted`).
+    extended: int = 0
 
     def order(self, seed: int) -> list[int]:
         """The groups (by index) in the order seed `seed` walks them."""
@@ -124,17 +134,27 @@ class GroupGame:
         return np.array([self.marginals(s) for s in seeds]).reshape(len(seeds), len(self.groups))
 
     def decided(self) -> bool:
-        """Whether the round has ended: SCREEN_CLEAN counted seeds, or MIN_SEEDS once every
-        group has changed the outcome in one (none can be cleared). Looks at each new length
-        of the counted seeds in turn, so where it ends does not depend on the order rows
-        came in."""
+        """Whether the round has ended: SCREEN_CLEAN counted seeds; or MIN_SEEDS once every
+        group has changed the outcome in one (none can be cleared), or once the groups that
+        never did have the clean draws (`DeviationScreen.clean_for`) that bound their value
+        below the strongest group's, at its exact lower bound (the top a verdict will
+        clear them against is in a group that changed the outcome; a weaker top makes the
+        round go on later, `extended`). Looks at each new length of the counted seeds in
+        turn, so where it ends does not depend on the order rows came in."""
         if self.decided_at is not None:
             return True
         seeds = self.seeds()
         for n in range(self._looked + 1, len(seeds) + 1):
             self._looked = n
-            every = bool(np.all(np.any(self.matrix(seeds[:n]) != 0, axis=0)))
-            if n >= SCREEN_CLEAN or (n >= MIN_SEEDS and every):
+            m = self.matrix(seeds[:n])
+            moved = np.any(m != 0, axis=0)
+            ends = n >= SCREEN_CLEAN
+            if n >= MIN_SEEDS and moved.any():
+                strongest = np.abs(m.sum(axis=0)).max()
+                lower = float(exact_lower(strongest, n, np.array([self.alpha]))[0])
+                ends = ends or bool(moved.all())
+                ends = ends or (lower > 0 and DeviationScreen.clean_for(lower, self.alpha) <= n)
+            if ends:
                 self.decided_at = n
                 return True
         return False
@@ -143,3 +163,45 @@ class GroupGame:
         """Groups (by index) that changed the outcome in a counted seed."""
         m = self.matrix(self.seeds())
         return [g for g in range(len(self.groups)) if m.size and bool(np.any(m[:, g] != 0))]
+
+    def settled(self) -> list[int]:
+        """Groups (by index) that changed the outcome in none of the round's seeds, once it
+        has ended."""
+        if self.decided_at is None:
+            return []
+        active = set(self.active())
+        return [g for g in range(len(self.groups)) if g not in active]
+
+    def slots(self) -> list[int]:
+        """The seeds the round counts once it has gone on `extended` seeds: the first
+        `decided_at` + `extended` seeds no fork of which failed."""
+        assert self.decided_at is not None, "a round goes on only once it has ended"
+        out: list[int] = []
+        seed = 0
+        while len(out) < self.decided_at + self.extended:
+            if seed not in self.failed:
+                out.append(seed)
+            seed += 1
+        return out
+
+    def counted(self) -> list[int]:
+        """The complete seeds of `slots` in order, up to the first that is not complete:
+        the seeds each settled group's draws are counted from."""
+        out: list[int] = []
+        for seed in self.slots():
+            if not self.complete(seed):
+                break
+            out.append(seed)
+        return out
+
+    def waiting(self) -> list[int]:
+        """The seeds of `slots` not yet complete: those the round's going on still needs."""
+        return [s for s in self.slots() if not self.complete(s)]
+
+    def broken(self) -> list[int]:
+        """Settled groups whose marginal is not 0 in a counted seed."""
+        seeds = self.counted()
+        if not seeds:
+            return []
+        m = self.matrix(seeds)
+        return [g for g in self.settled() if bool(np.any(m[:, g] != 0))]

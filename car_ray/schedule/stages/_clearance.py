@@ -90,10 +90,17 @@ class Clearance:
         self.lacking = short if top else None
         settled = sorted(k for k in short if k in screen.settled)
         if settled:
+            step = max(settled, key=lambda k: short[k] - screen.clean.get(k, 0))
+            need = short[step]
             reasons.append(
-                f"step(s) {settled} cleared on the outcome in groups lack the seeds that show "
-                "their blame below the top's (a stronger top would need fewer; more seeds of "
-                "their group are not run)"
+                f"step(s) {settled} cleared on the outcome in groups lack the seeds of their "
+                "round that show their blame below the top's ("
+                + (
+                    "the top's blame is not yet shown far enough above 0 for any number"
+                    if need == math.inf
+                    else f"step {step}: {screen.clean.get(step, 0)} of {need:g}"
+                )
+                + ")"
             )
             short = {k: n for k, n in short.items() if k not in screen.settled}
         if short:
@@ -148,12 +155,19 @@ class Clearance:
                 - screen.clean.get(k, 0)
                 for k in unfound
             }
-            if any(needs[k] > 0 for k in screen.settled if k in needs):
-                # Seeds only lower what a settled step needs; nothing adds to its draws.
-                extra = 2 * extra if extra else 1
-                continue
-            clear = max((needs[k] - rate[k] * more for k in unfound), default=0.0)
-            best = min(best, more * per_seed + max(0.0, clear))
+            # A settled step's draws come from its round going on, a seed of every group a
+            # clean draw of each; the others' from the screen, one a fork, and from probes.
+            rounds: dict[int, float] = {}
+            for k in unfound:
+                number = screen.round_of(k) if k in screen.settled else None
+                if number is not None:
+                    rounds[number] = max(rounds.get(number, 0.0), needs[k])
+            going_on = sum(
+                max(0.0, n) * len(screen.rounds[number].groups) for number, n in rounds.items()
+            )
+            others = [k for k in unfound if k not in screen.settled]
+            clear = max((needs[k] - rate[k] * more for k in others), default=0.0)
+            best = min(best, more * per_seed + max(0.0, clear) + going_on)
             extra = 2 * extra if extra else 1
         return max(1.0, best)
 
@@ -171,6 +185,31 @@ class Clearance:
         if screened:
             self.screen.clean_needed = int(min(SCREEN_MOST, max(screened)))
         return False
+
+    def go_on(self, verdict: tuple[str, list[int]]) -> tuple[int, int] | None:
+        """Whether the next forks should be a round of the group game going on (its number,
+        and how many more seeds its settled steps lack), while a separated verdict waits on
+        their clearance: a seed of the round is a clean draw of each of them at a fork a
+        group, a Shapley seed lowers what the top needs (`screen_next`'s trade, for the
+        settled step furthest short)."""
+        shap, screen = self.shap, self.screen
+        if verdict[0] != "separated" or not shap.complete_seeds():
+            return None
+        short = {k: n for k, n in self.short(verdict).items() if k in screen.settled}
+        if not short:
+            return None
+        weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
+        need, number = short[weakest], screen.round_of(weakest)
+        if need == math.inf or number is None:
+            return None
+        later = self.needed(verdict, more_seeds=1, steps=[weakest])[weakest]
+        per_draw = len(screen.rounds[number].groups)
+        if max(0.0, need - later) / max(1.0, shap.forks_per_seed()) > 1.0 / per_draw:
+            return None  # a Shapley seed lowers the need more, fork for fork
+        more = max(
+            n - screen.clean.get(k, 0) for k, n in short.items() if screen.round_of(k) == number
+        )
+        return number, math.ceil(more)
 
     @property
     def clear_alpha(self) -> float:

@@ -83,7 +83,8 @@ class HeldGroups(BaseStage):
                 self.game.observe(seed, coalition_of(spec), _flipped(row))
 
     def _seed(self, spec: ForkSpec) -> int:
-        return spec.seed - self.ctx.seeds.base - GROUP_SEEDS - self.round * ROUND_SEEDS
+        number, seed = round_seed(self.ctx, spec)
+        return seed if number == self.round else -1
 
     def suggest(self, room: int) -> list[Fork] | None:
         """The next forks of the seeds in flight, then of new seeds (at most SEEDS_IN_FLIGHT
@@ -111,10 +112,7 @@ class HeldGroups(BaseStage):
             for coalition in todo[: room - len(out)]:
                 self.pending.setdefault(seed, set()).add(coalition)
                 owed -= 1
-                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
-                fork_seed = GROUP_SEEDS + self.round * ROUND_SEEDS + seed
-                key = tuple(sorted(coalition))
-                out.append(("groups", self.ctx.seeds.fork("groups", key, plan, "held", fork_seed)))
+                out.append(round_fork(self.ctx, self.round, seed, coalition))
             seed += 1
         if not out and not self.pending and self.out_of_budget:
             return None
@@ -152,6 +150,8 @@ class HeldGroups(BaseStage):
             return Next(end="budget_exhausted")
         cleared, left = self._outcome()
         self.screen.settle(cleared, len(game.seeds()))
+        if cleared:
+            self.screen.rounds[self.round] = game  # a verdict may ask it to go on
         if not left:
             self.verdict = True
             return Next()
@@ -231,6 +231,121 @@ class HeldGroups(BaseStage):
 
     def state(self) -> dict[str, Any]:
         return {"round": self.round, "groups": [list(g) for g in self.game.groups]}
+
+
+def round_fork(ctx: JobContext, number: int, seed: int, coalition: frozenset[int]) -> Fork:
+    """The fork of round `number`'s seed `seed` that re-draws `coalition` (the rest held)."""
+    plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+    fork_seed = GROUP_SEEDS + number * ROUND_SEEDS + seed
+    key = tuple(sorted(coalition))
+    return ("groups", ctx.seeds.fork("groups", key, plan, "held", fork_seed))
+
+
+def round_seed(ctx: JobContext, spec: ForkSpec) -> tuple[int, int]:
+    """Which round, and which seed of it, a fork of the group game belongs to."""
+    return divmod(spec.seed - ctx.seeds.base - GROUP_SEEDS, ROUND_SEEDS)
+
+
+class GoingOn:
+    """The rounds of the group game that settled steps, going on when a verdict's clearance
+    asks for more of those steps' draws (`Clearance.go_on`): more seeds of a round's chains,
+    counted in order after its own (`GroupGame.extended`). Each counted seed in which a
+    settled group's marginal is 0 is one more clean draw of each of its steps; one in which
+    it is not unsettles the group (`DeviationScreen.unsettle`): its steps are candidates,
+    and Shapley starts over with them."""
+
+    def __init__(self, ctx: JobContext, screen: DeviationScreen) -> None:
+        self.ctx = ctx
+        self.screen = screen
+        self.pending: dict[str, tuple[int, int, frozenset[int]]] = {}  # task id: where
+        # What this stage's going on did, by round: seeds begun, rows, steps unsettled.
+        self.begun: dict[int, int] = {}
+        self.rows: dict[int, int] = {}
+        self.unsettled: dict[int, list[int]] = {}
+
+    def forks(self, number: int, more: int, room: int) -> list[Fork]:
+        """Forks of round `number` going on until it counts `more` seeds more than it does
+        (SEEDS_IN_FLIGHT at a time); a seed is begun only if the forks the caps leave could
+        finish it."""
+        game = self.screen.rounds[number]
+        asked = {(r, s, c) for r, s, c in self.pending.values()}
+        left = self.ctx.forks_left()
+        owed = sum(
+            1
+            for s in game.waiting()
+            for c in game.coalitions(s)
+            if not game.known(s, c) and (number, s, c) not in asked
+        )
+        goal = len(game.counted()) + more  # seeds in flight are among the slots
+        while len(game.slots()) < goal and len(game.waiting()) < SEEDS_IN_FLIGHT:
+            if left is not None and left - owed < len(game.groups):
+                break  # what is left could not finish another seed
+            game.extended += 1
+            self.begun[number] = self.begun.get(number, 0) + 1
+            seed = game.slots()[-1]
+            owed += sum(1 for c in game.coalitions(seed) if not game.known(seed, c))
+        self.reckon(number)  # a seed an earlier run (or the round) completed counts at once
+        out: list[Fork] = []
+        for seed in game.waiting():
+            for coalition in game.coalitions(seed):
+                if len(out) >= room:
+                    return out
+                if game.known(seed, coalition) or (number, seed, coalition) in asked:
+                    continue
+                fork = round_fork(self.ctx, number, seed, coalition)
+                self.pending[fork[1].task_id] = (number, seed, coalition)
+                out.append(fork)
+        return out
+
+    def observe(self, spec: ForkSpec, flipped: bool | None) -> None:
+        number, seed, coalition = self.pending.pop(spec.task_id)
+        self.rows[number] = self.rows.get(number, 0) + 1
+        self.screen.rounds[number].observe(seed, coalition, flipped)
+        self.reckon(number)
+
+    def reckon(self, number: int) -> None:
+        """The settled steps of round `number` after the seeds it counts: clean draws for
+        those whose group stayed clear, candidates for those whose group did not."""
+        game, screen = self.screen.rounds[number], self.screen
+        broken = set(game.broken())
+        n = len(game.counted())
+        for g in game.settled():
+            steps = [k for k in game.groups[g] if k in screen.settled]
+            if g in broken:
+                screen.unsettle(steps)
+                self.unsettled.setdefault(number, []).extend(steps)
+            else:
+                screen.settle(steps, n)
+
+    def notes(self) -> list[Note]:
+        """What each round that went on did: its seeds and forks, the seeds its settled
+        steps now count, and the steps found not clear."""
+        out = []
+        for number in sorted(self.begun):
+            game = self.screen.rounds[number]
+            seeds = len(game.counted())
+            text = (
+                f"groups, round {number + 1} went on for the clearance of the steps it "
+                f"settled: {self.begun[number]} more seed(s) ({self.rows.get(number, 0)} "
+                f"forks), {seeds} counted"
+            )
+            back = sorted(self.unsettled.get(number, []))
+            if back:
+                text += f"; step(s) {_span(back)}: their group changed the outcome, measured now"
+            out.append(
+                Note(
+                    kind="groups_on",
+                    text=text,
+                    figures={
+                        "round": number + 1,
+                        "seeds": self.begun[number],
+                        "forks": self.rows.get(number, 0),
+                        "counted": seeds,
+                        "unsettled": back,
+                    },
+                )
+            )
+        return out
 
 
 def _span(steps: list[int]) -> str:

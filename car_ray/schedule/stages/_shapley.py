@@ -18,7 +18,7 @@ from ..estimators import DeviationScreen, SeedShapley
 from ..rules import WindowLook
 from ._base import BaseStage, Fork, Lead, Next
 from ._clearance import SHAPLEY_SEEDS, Clearance
-from ._groups import HeldGroups, grouped, played
+from ._groups import GoingOn, HeldGroups, grouped, played
 from ._screening import probed, screen_forks, screen_result
 
 
@@ -64,6 +64,7 @@ class HeldShapley(BaseStage):
         # this run's rows of it come only after this stage).
         self.regrouped = played(self.ctx)
         self.flipped = False  # a complete seed has flipped: never blind again
+        self.going_on = GoingOn(self.ctx, self.screen)  # group rounds asked for more seeds
 
     def _blind(self) -> bool:
         """Whether this Shapley can neither blame nor find anything: MIN_SEEDS complete
@@ -115,6 +116,9 @@ class HeldShapley(BaseStage):
 
     def observe(self, row: Row) -> None:
         spec = ForkSpec.model_validate_json(row["spec"])
+        if spec.task_id in self.going_on.pending:
+            self.going_on.observe(spec, None if row["outcome"] is None else bool(row["flipped"]))
+            return
         if spec.task_id in self.screening:
             self.screening.discard(spec.task_id)
             if row["outcome"] is not None:
@@ -127,6 +131,9 @@ class HeldShapley(BaseStage):
         _observe(self.shap, seed, spec, row, learn=self.ctx.honours_seed)
 
     def unrun(self, spec: ForkSpec) -> None:
+        if spec.task_id in self.going_on.pending:
+            self.going_on.observe(spec, None)  # the seed is left out, the next one counted
+            return
         if spec.task_id in self.screening:
             self.screening.discard(spec.task_id)
             return
@@ -220,6 +227,13 @@ class HeldShapley(BaseStage):
                 return out
             # The screen has gone as far as it goes (SCREEN_MOST draws, or it gave up on
             # strays): only seeds, which lower what the top needs, can make the verdict.
+        going_on = self.clearance.go_on(verdict)
+        if going_on is not None:
+            out = self.going_on.forks(*going_on, room)
+            if screen.candidates != shap.candidates:
+                return None  # a group the round settled was not clear: Shapley starts over
+            if out or self.going_on.pending:
+                return out
         return self._seeds(room)
 
     def done(self, exhausted: bool) -> Next:
@@ -304,7 +318,7 @@ class HeldShapley(BaseStage):
                 screen=screen_result(self.screen),
                 unsettled=self.unsettled,
                 lacking=None if lacking is None else MappingProxyType(dict(lacking)),
-                notes=tuple(self.notes),
+                notes=(*self.going_on.notes(), *self.notes),
             ),
         )
 
