@@ -122,6 +122,10 @@ def run(task: tuple[int, str, int]) -> dict[str, Any]:
         "seed": seed,
         "forks": outcome.progress.spent.forks,
         "group_forks": sum(1 for r in rows if r.get("stage") == "groups"),
+        # Forks of rounds gone on for a verdict's clearance (among group_forks).
+        "going_on_forks": sum(
+            n.figures.get("forks", 0) for n in outcome.notes if n.kind == "groups_on"
+        ),
         "ended": ended(outcome.answer, outcome.status),
         "right": first == [planted],
         "wall_s": round(time.perf_counter() - began, 2),
@@ -146,7 +150,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = in_processes(run, tasks, args.processes)
     console = make_console()
     table = Table(title=f"worded checklists, default jobs over {args.seeds} attribution seeds")
-    for column in ("steps", "hold", "median forks", "of them groups", "answered", "rank 1 right"):
+    columns = (
+        "steps",
+        "hold",
+        "median forks",
+        "of them groups",
+        "went on",
+        "answered",
+        "rank 1 right",
+    )
+    for column in columns:
         table.add_column(column, justify="left" if column == "hold" else "right")
     summary: dict[str, Any] = {}
     for items in sizes:
@@ -156,6 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 **job_cell(runs),
                 "steps": runs[0]["steps"],
                 "median_group_forks": median(r["group_forks"] for r in runs),
+                "went_on": sum(1 for r in runs if r["going_on_forks"]),
             }
             summary[f"{items}/{hold}"] = cell
             table.add_row(
@@ -163,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 hold,
                 f"{cell['median_forks']:g}",
                 f"{cell['median_group_forks']:g}",
+                f"{cell['went_on']} of {len(runs)}",
                 f"{cell['answered']} of {len(runs)}",
                 f"{cell['right']} of {len(runs)}",
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from car_ray.bench import _job_and_tape
 from car_ray.job import Job
 from car_ray.schedule import Budget, JobOutcome
 from car_ray.schedule._tuning import MIN_SEEDS, SCREEN_CLEAN
-from car_ray.schedule.estimators import DeviationScreen, GroupGame, split
+from car_ray.schedule.estimators import DeviationScreen, GroupGame, _group_game, split
 from car_ray.tape import Tape
 from car_ray.truth import run_local
 from car_ray.truth._local import run_local_scheduler
@@ -121,10 +122,10 @@ def test_both_halves_of_an_and_and_of_an_over_determined_pair_survive(fails: Fai
 def test_a_round_clears_what_never_changed_the_outcome_and_ends_early_when_nothing_can_be() -> None:
     """One cause (step 14, clearing the failure 70% of the time it is re-drawn) among 30
     steps in 4 groups: in each of 40 runs the cause's group alone is left, and the round
-    ends once the other groups' clean seeds bound them below the cause group's exact lower
-    bound. Its marginal is a fresh 0.7 coin each seed, so by enumerating that chain the
-    round ends by seed 9 with probability 0.738: the median of 40 runs is above 9 with
-    chance below 0.001. Gone on to SCREEN_CLEAN seeds (the clean draws "no step to blame"
+    ends once the other groups' clean seeds bound them below half the cause group's exact
+    lower bound. Its marginal is a fresh 0.7 coin each seed, so by enumerating that chain
+    the round ends by seed 14 with probability 0.781: the median of 40 runs is above 14
+    with chance below 0.0001. Gone on to SCREEN_CLEAN seeds (the clean draws "no step to blame"
     rests on), no settled group changes the outcome. A cause in every group (any one bad
     keeps the failure, so a group changes it only when last in a seed's order): the round
     ends at the first seed, MIN_SEEDS or after, by which each has changed it (nothing could
@@ -139,8 +140,8 @@ def test_a_round_clears_what_never_changed_the_outcome_and_ends_early_when_nothi
         ends.append(game.decided_at)
         game.extended = SCREEN_CLEAN - game.decided_at
         assert len(game.counted()) == SCREEN_CLEAN and game.broken() == []
-    assert MIN_SEEDS <= min(ends) and max(ends) <= SCREEN_CLEAN
-    assert float(np.median(ends)) <= 9, ends
+    assert min(ends) >= MIN_SEEDS and max(ends) <= SCREEN_CLEAN
+    assert float(np.median(ends)) <= 14, ends
     causes = {1: 1.0, 9: 1.0, 17: 1.0, 25: 1.0}
     dense = GroupGame(split(range(30), 4), alpha=0.05, salt="dense")
     _play(dense, causes, lambda bad: len(bad & set(causes)) >= 1, SCREEN_CLEAN)
@@ -258,3 +259,61 @@ def test_a_job_stopped_in_its_group_rounds_resumes_to_the_same_forks(
         r["task_id"] for r in whole_rows
     )
     assert rest.answer == whole.answer
+
+
+# -- a round that ended early goes on ------------------------------------------------------------
+
+AND_POLICY = """from checklist.policy import Checklist
+
+from car_ray.sim import Worded
+
+POLICY = Worded(Checklist(items=15, planted={7: 0.3, 8: 0.3}), wordings=1000)
+"""
+
+AND_JOB = """agent = "checklist.agent:review_agent"
+scorer = "checklist.agent:payout_released"
+policy = "wordy_and.policy:POLICY"
+tape = "wordy_and.tape"
+seed = 20
+
+[input]
+payout = "P-7731"
+items = 15
+threshold = 2
+
+[[interventions]]
+kind = "resample"
+"""
+
+
+def test_a_round_that_ended_early_goes_on_when_the_verdict_asks_and_an_and_keeps_both_halves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 15-item checklist worded a thousand ways (jobs/checklist under `sim.Worded`), held by
+    actions, whose payout goes out wrongly when two items are waived: items 7 and 8 (steps 14
+    and 16) each waived with probability 0.3, both waived in the recording (its seed 20).
+    Exact held-game values: each half's phi is (0.7 + 0.91 - 0.7) / 2 = 0.455, every other
+    step's 0. With rounds made to end as soon as their settled groups are bound below the
+    strongest group's lower bound itself (EARLY_SHARE 1, twice the default), the groups
+    they settled are short of what the AND's halves need of them: the verdict's clearance
+    makes their rounds go on (a `groups_on` note), and the job names both halves, each
+    interval holding 0.455."""
+    (tmp_path / "checklist").symlink_to(ROOT / "jobs" / "checklist")
+    folder = tmp_path / "wordy_and"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "policy.py").write_text(AND_POLICY)
+    (folder / "job.toml").write_text(AND_JOB)
+    base, tape = _job_and_tape(str(folder / "job.toml"))
+    monkeypatch.setattr(_group_game, "EARLY_SHARE", 1.0)
+    job = Job(base.path, base.spec.model_copy(update={"attribution_seed": 1}))
+    outcome, _ = run_local(job, tape, Budget(**base.spec.budget.model_dump()))
+    going_on = [n for n in outcome.notes if n.kind == "groups_on"]
+    assert going_on, "no round went on: this job no longer exercises it"
+    assert all(n.figures["forks"] > 0 for n in going_on)
+    answer = outcome.answer
+    assert answer is not None and answer.kind == "separated"
+    assert set(answer.top) == {14, 16}
+    for row in outcome.attribution:
+        if row["intervention"] == "resample" and row["step"] in (14, 16):
+            assert row["phi_lo"] <= 0.455 <= row["phi_hi"], row

@@ -17,9 +17,9 @@ AND (the first of the two does).
 A round ends after SCREEN_CLEAN seeds, when a group that never changed the outcome has the
 clean draws a "no step to blame" needs; as soon as every group has changed the outcome (none
 could be cleared); or, once MIN_SEEDS seeds are in, when the groups that never changed it have
-the clean draws that would bound them below the strongest group's value (its exact lower
-bound). Only seeds whose every earlier seed is complete count, so a run that resumes from its
-rows ends each round where it ended before, whatever order the rows came in.
+the clean draws that would bound them below EARLY_SHARE of the strongest group's value (its
+exact lower bound). Only seeds whose every earlier seed is complete count, so a run that
+resumes from its rows ends each round where it ended before, whatever order the rows came in.
 
 A round that ended goes on for its settled groups when a verdict's clearance asks for more of
 their draws (`extended`, `counted`): more seeds of the same chains, counted in order after
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._interval import exact_lower
-from .._tuning import MIN_SEEDS, SCREEN_CLEAN
+from .._tuning import EARLY_SHARE, MIN_SEEDS, SCREEN_CLEAN
 from ._deviation_screen import DeviationScreen
 
 
@@ -137,8 +137,9 @@ class GroupGame:
         """Whether the round has ended: SCREEN_CLEAN counted seeds; or MIN_SEEDS once every
         group has changed the outcome in one (none can be cleared), or once the groups that
         never did have the clean draws (`DeviationScreen.clean_for`) that bound their value
-        below the strongest group's, at its exact lower bound (the top a verdict will
-        clear them against is in a group that changed the outcome; a weaker top makes the
+        below EARLY_SHARE of the strongest group's, at its exact lower bound (a group worth that
+        much is clean so long with chance below alpha; the top a verdict will clear them
+        against is in a group that changed the outcome, and a top weaker than that makes the
         round go on later, `extended`). Looks at each new length of the counted seeds in
         turn, so where it ends does not depend on the order rows came in."""
         if self.decided_at is not None:
@@ -153,7 +154,10 @@ class GroupGame:
                 strongest = np.abs(m.sum(axis=0)).max()
                 lower = float(exact_lower(strongest, n, np.array([self.alpha]))[0])
                 ends = ends or bool(moved.all())
-                ends = ends or (lower > 0 and DeviationScreen.clean_for(lower, self.alpha) <= n)
+                # A share: the top a verdict clears them against may share its group's
+                # value (an AND's halves in one group, or in two).
+                part = lower * EARLY_SHARE
+                ends = ends or (part > 0 and DeviationScreen.clean_for(part, self.alpha) <= n)
             if ends:
                 self.decided_at = n
                 return True
