@@ -21,6 +21,7 @@ from car_ray.job import Job
 from car_ray.schedule import Budget, JobOutcome
 from car_ray.schedule._tuning import MIN_SEEDS, SCREEN_CLEAN
 from car_ray.schedule.estimators import DeviationScreen, GroupGame, _group_game, split
+from car_ray.schedule.stages._groups import _span
 from car_ray.tape import Tape
 from car_ray.truth import run_local
 from car_ray.truth._local import run_local_scheduler
@@ -317,3 +318,12 @@ def test_a_round_that_ended_early_goes_on_when_the_verdict_asks_and_an_and_keeps
     for row in outcome.attribution:
         if row["intervention"] == "resample" and row["step"] in (14, 16):
             assert row["phi_lo"] <= 0.455 <= row["phi_hi"], row
+
+
+def test_a_rounds_note_shows_steps_that_skip_as_ranges() -> None:
+    """Cleared steps from both ends of a round (a tape's model steps every other step) read
+    as two ranges, not as one from the first to the last."""
+    cleared = list(range(0, 16, 2)) + list(range(48, 62, 2))
+    assert _span(cleared) == "0..14, 48..60 (15 steps)"
+    assert _span(list(range(14))) == "0..13 (14 steps)"
+    assert _span([0, 2, 4, 6, 8, 10, 12, 30]) == "0..12, 30 (8 steps)"

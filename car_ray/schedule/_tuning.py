@@ -134,15 +134,15 @@ RECORD: dict[str, Evidence] = {
     "EARLY_SHARE": Evidence(
         "the share of the strongest group's exact lower bound that the groups a round "
         "settles early must be bound below (`GroupGame.decided`)",
-        "tried: at 1, tmp wordy_and (an AND of steps 14 and 16 in a 15-item worded "
-        "checklist, held by actions) lost step 16 in 1 of 4 default jobs: its group was "
-        "settled after 5 seeds (the AND's halves share a group's value, so a bound below the "
-        "strongest group's is one the other half misses), and 4 of 4 kept both at 0.5 (5 "
-        "of 5). benchmarks/groups.py --seeds 8 --items 5,15, held by actions: 11 steps "
-        "62 median forks at 1, 82.5 at 0.5, 109 before the early end (4 seeds); 31 steps "
-        "99, 140, 187; 8 of 8 answered and right at both",
-        "this change",
-        "wordy_and's 6 seeds and the bench; a lower share ends rounds later",
+        "tried: at 1, the AND job of tests/test_groups.py (steps 14 and 16 of a 15-item "
+        "worded checklist, held by actions) lost step 16 in 1 of 4 default jobs: its group "
+        "was settled after 5 seeds (an AND's halves share a group's value, so a bound below "
+        "the strongest group's is one the other half misses); at 0.5, 6 of 6 kept both "
+        "(seeds 0-5, 274 to 310 forks of 310). benchmarks/groups.py --seeds 8 --items 5,15, "
+        "held by actions: 11 steps 62 median forks at 1, 82.5 at 0.5, 109 before the early "
+        "end (4 seeds); 31 steps 99, 140, 187; 8 of 8 answered and right at both",
+        "8caed0e, 6516035",
+        "the AND job's 6 seeds and the bench; a lower share ends rounds later",
     ),
     "SEEDS_IN_FLIGHT": Evidence(
         "Shapley seeds' worth of forks (at least 8) in flight while the verdict is far",

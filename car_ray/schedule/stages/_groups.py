@@ -4,6 +4,7 @@ steps left."""
 
 from __future__ import annotations
 
+import itertools
 from types import MappingProxyType
 from typing import Any
 
@@ -262,11 +263,16 @@ class GoingOn:
         self.begun: dict[int, int] = {}
         self.rows: dict[int, int] = {}
         self.unsettled: dict[int, list[int]] = {}
+        # Rounds a fork of which did not run (refused, or its provider kept failing): they
+        # go on no further here, as the next seed would take the failed one's place unasked.
+        self.stopped: set[int] = set()
 
     def forks(self, number: int, more: int, room: int) -> list[Fork]:
         """Forks of round `number` going on until it counts `more` seeds more than it does
         (SEEDS_IN_FLIGHT at a time); a seed is begun only if the forks the caps leave could
         finish it."""
+        if number in self.stopped:
+            return []
         game = self.screen.rounds[number]
         asked = {(r, s, c) for r, s, c in self.pending.values()}
         left = self.ctx.forks_left()
@@ -300,6 +306,8 @@ class GoingOn:
     def observe(self, spec: ForkSpec, flipped: bool | None) -> None:
         number, seed, coalition = self.pending.pop(spec.task_id)
         self.rows[number] = self.rows.get(number, 0) + 1
+        if flipped is None:
+            self.stopped.add(number)
         self.screen.rounds[number].observe(seed, coalition, flipped)
         self.reckon(number)
 
@@ -349,11 +357,19 @@ class GoingOn:
 
 
 def _span(steps: list[int]) -> str:
-    """Steps as a list, or as a range when they are many."""
+    """Steps as a list, or as ranges when they are many: a range ends where the steps skip
+    more than their closest two do (a tape's model steps may be every other step)."""
     steps = sorted(steps)
     if len(steps) <= 6:
         return str(steps)
-    return f"{steps[0]}..{steps[-1]} ({len(steps)} steps)"
+    gap = min(b - a for a, b in itertools.pairwise(steps))
+    runs: list[list[int]] = [[steps[0]]]
+    for a, b in itertools.pairwise(steps):
+        if b - a > gap:
+            runs.append([])
+        runs[-1].append(b)
+    text = ", ".join(f"{r[0]}..{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+    return f"{text} ({len(steps)} steps)"
 
 
 def _flipped(row: Row) -> bool | None:

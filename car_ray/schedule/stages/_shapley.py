@@ -132,7 +132,7 @@ class HeldShapley(BaseStage):
 
     def unrun(self, spec: ForkSpec) -> None:
         if spec.task_id in self.going_on.pending:
-            self.going_on.observe(spec, None)  # the seed is left out, the next one counted
+            self.going_on.observe(spec, None)  # the seed is left out; its round goes no further
             return
         if spec.task_id in self.screening:
             self.screening.discard(spec.task_id)
