@@ -69,6 +69,7 @@ class GroupGame:
     _looked: int = 0
     # Seeds the round has gone on for since it ended, for its settled groups (`counted`).
     extended: int = 0
+    _settled: list[int] | None = None  # `settled`, once the round has ended
 
     def order(self, seed: int) -> list[int]:
         """The groups (by index) in the order seed `seed` walks them."""
@@ -170,11 +171,13 @@ class GroupGame:
 
     def settled(self) -> list[int]:
         """Groups (by index) that changed the outcome in none of the round's seeds, once it
-        has ended."""
+        has ended (its seeds then no longer change: worked out once)."""
         if self.decided_at is None:
             return []
-        active = set(self.active())
-        return [g for g in range(len(self.groups)) if g not in active]
+        if self._settled is None:
+            active = set(self.active())
+            self._settled = [g for g in range(len(self.groups)) if g not in active]
+        return self._settled
 
     def slots(self) -> list[int]:
         """The seeds the round counts once it has gone on `extended` seeds: the first

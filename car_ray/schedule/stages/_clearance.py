@@ -88,34 +88,16 @@ class Clearance:
             reasons, seeds, top = shap.lacks()
         short = self.short(("separated", top)) if top else {}
         self.lacking = short if top else None
-        settled = sorted(k for k in short if k in screen.settled)
+        settled = {k: n for k, n in short.items() if k in screen.settled}
         if settled:
-            step = max(settled, key=lambda k: short[k] - screen.clean.get(k, 0))
-            need = short[step]
             reasons.append(
-                f"step(s) {settled} cleared on the outcome in groups lack the seeds of their "
-                "round that show their blame below the top's ("
-                + (
-                    "the top's blame is not yet shown far enough above 0 for any number"
-                    if need == math.inf
-                    else f"step {step}: {screen.clean.get(step, 0)} of {need:g}"
+                self._lacking(
+                    settled, "cleared on the outcome in groups lack the seeds of their round"
                 )
-                + ")"
             )
-            short = {k: n for k, n in short.items() if k not in screen.settled}
+        short = {k: n for k, n in short.items() if k not in screen.settled}
         if short:
-            step = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
-            need = short[step]
-            reasons.append(
-                f"step(s) {sorted(short)} not found to make choices lack the clean draws "
-                "that show their blame below the top's ("
-                + (
-                    "the top's blame is not yet shown far enough above 0 for any number"
-                    if need == math.inf
-                    else f"step {step}: {screen.clean.get(step, 0)} of {need:g}"
-                )
-                + ")"
-            )
+            reasons.append(self._lacking(short, "not found to make choices lack the clean draws"))
         projected = self.forks_to_separate(seeds, top) if reasons else math.inf
         text = "; ".join(reasons) or "the forks it had did not settle it"
         if projected == math.inf:
@@ -132,6 +114,26 @@ class Clearance:
         )
         return Unsettled(why, tuple(reasons), forks, more, go_on)
 
+    def _furthest(self, short: dict[int, float]) -> int:
+        """Of steps and the clean draws each needs, the one furthest short of them."""
+        clean = self.screen.clean
+        return max(short, key=lambda k: short[k] - clean.get(k, 0))
+
+    def _lacking(self, short: dict[int, float], what: str) -> str:
+        """`unsettled`'s reason for steps short of clean draws: which, and the furthest's
+        draws against its need."""
+        step = self._furthest(short)
+        need = short[step]
+        return (
+            f"step(s) {sorted(short)} {what} that show their blame below the top's ("
+            + (
+                "the top's blame is not yet shown far enough above 0 for any number"
+                if need == math.inf
+                else f"step {step}: {self.screen.clean.get(step, 0)} of {need:g}"
+            )
+            + ")"
+        )
+
     def forks_to_separate(self, seeds: float, top: list[int]) -> float:
         """`unsettled`'s projection: the fewest forks, over k = `seeds` + 0, 1, 2, 4, ...
         more seeds, of k seeds at the forks a seed has cost and the clearance still short
@@ -141,9 +143,11 @@ class Clearance:
             return math.inf
         per_seed = max(1.0, shap.forks_per_seed())
         unfound = self.cleared()
-        # What does not change with k, once: each step's reach and probe rate.
+        # What does not change with k, once: each step's reach and probe rate, and the round
+        # that settled each settled step.
         reach = {k: self._reach(k) for k in unfound}
         rate = {k: self.probe_rate(k) for k in unfound}
+        settled_in = {k: screen.round_of(k) for k in unfound if k in screen.settled}
         best, extra = math.inf, 0
         while extra <= max(4 * len(shap.complete_seeds()), 50):
             more = math.ceil(seeds) + extra
@@ -158,8 +162,7 @@ class Clearance:
             # A settled step's draws come from its round going on, a seed of every group a
             # clean draw of each; the others' from the screen, one a fork, and from probes.
             rounds: dict[int, float] = {}
-            for k in unfound:
-                number = screen.round_of(k) if k in screen.settled else None
+            for k, number in settled_in.items():
                 if number is not None:
                     rounds[number] = max(rounds.get(number, 0.0), needs[k])
             going_on = sum(
@@ -198,7 +201,7 @@ class Clearance:
         short = {k: n for k, n in self.short(verdict).items() if k in screen.settled}
         if not short:
             return None
-        weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
+        weakest = self._furthest(short)
         need, number = short[weakest], screen.round_of(weakest)
         if need == math.inf or number is None:
             return None
@@ -295,7 +298,7 @@ class Clearance:
         short = {k: n for k, n in self.short(verdict).items() if k not in screen.settled}
         if not short:
             return False  # only seeds lower what a settled step needs
-        weakest = max(short, key=lambda k: short[k] - screen.clean.get(k, 0))
+        weakest = self._furthest(short)
         need = short[weakest]
         if need == math.inf:
             return False
