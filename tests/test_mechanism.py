@@ -171,6 +171,30 @@ def test_a_job_that_finds_no_choice_says_how_far_its_draws_show_it() -> None:
     assert line.startswith("verdict: no step to blame")
 
 
+def test_a_noisy_negative_control_held_by_actions_is_answered_by_re_drawing_every_step() -> None:
+    """jobs/null_control_noisy held by actions: every model step comes back in other words, so
+    the screen finds a choice at the first fork, but no re-draw can change the outcome. The
+    job re-draws every step at once until SCREEN_CLEAN = 20 forks kept the outcome and says
+    no step is to blame, bounding all steps' blame together by 1 - 0.05^(1/20) = 14%: 21
+    forks with the control, inside the default cap of 10 a step (40)."""
+    from car_ray.bench import _job_and_tape
+    from car_ray.job import Job
+    from car_ray.results import verdict
+    from car_ray.schedule import Budget
+    from car_ray.truth import run_local
+
+    base, tape = _job_and_tape("jobs/null_control_noisy/job.toml")
+    job = Job(base.path, base.spec.model_copy(update={"hold": "actions"}))
+    outcome, rows = run_local(job, tape, Budget(max_forks=10 * len(tape.steps)))
+    assert len(rows) == 21 and outcome.status == "complete"
+    (note,) = [n.text for n in outcome.notes if n.kind == "shapley"]
+    assert "re-drawing every step at once in 20 forks" in note and "at most 14%" in note
+    assert outcome.answer is not None and outcome.answer.kind == "nothing"
+    assert outcome.answer.cleared == outcome.answer.steps and not outcome.answer.unexamined
+    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    assert line.startswith("verdict: no step to blame")
+
+
 def test_a_screen_that_gave_up_early_does_not_claim_no_step_chooses() -> None:
     """A screen that stopped on stray forks (nondeterminism outside the seams) before every
     step had its 20 re-draws has seen no choice, and says how little that means, not the

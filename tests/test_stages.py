@@ -24,7 +24,7 @@ from car_ray.schedule import (
     job_arms,
 )
 from car_ray.schedule._context import arm_key_of
-from car_ray.schedule._tuning import SCREEN_FIRST
+from car_ray.schedule._tuning import SCREEN_CLEAN, SCREEN_FIRST
 from car_ray.schedule.stages import (
     SHAPLEY_SEEDS,
     HeldArms,
@@ -153,6 +153,37 @@ def test_the_screen_finds_the_step_that_leaves_the_tape_and_hands_over_to_shaple
     assert len(asked) == SCREEN_FIRST
     ((second,),) = [then.then]
     assert isinstance(second, HeldScreen) and second.screen is screen.screen
+
+
+def test_a_screen_whose_finds_never_change_the_outcome_checks_every_step_at_once(
+    support_job: Job, support_tape: Tape
+) -> None:
+    """Step 0 leaves the tape at every re-draw (new words each time), and nothing changes
+    the outcome. The screen does not hand step 0 to Shapley: it re-draws every step at
+    once until SCREEN_CLEAN such forks kept the outcome, then says no step is to blame, each
+    step settled on those forks (all steps' blame sums to how often they change it)."""
+    ctx = _context(support_job, support_tape)
+    screen = HeldScreen(ctx)
+    asked, then = _drive(screen, ctx, lambda name, spec: (False, 0))
+    assert len(asked) == SCREEN_CLEAN
+    assert all(set(spec.interventions) == set(ctx.resampled) for _, spec in asked)
+    (result,) = screen.result()
+    assert then == Next() and isinstance(result, ScreenResult)
+    assert result.verdict == ("separated", ()) and result.candidates == ()
+    assert dict(result.settled) == {k: SCREEN_CLEAN for k in ctx.resampled}
+    assert result.whole == SCREEN_CLEAN and not result.moved
+
+    # The third fork of every step changes the outcome: Shapley takes over from there.
+    ctx = _context(support_job, support_tape)
+    screen = HeldScreen(ctx)
+    forks = iter(range(1, 100))
+    asked, then = _drive(screen, ctx, lambda name, spec: (next(forks) == 3, 0))
+    assert len(asked) == 3
+    (result,) = screen.result()
+    assert isinstance(result, ScreenResult) and result.moved and result.whole == 2
+    assert result.candidates == (0,) and not result.settled and result.verdict is None
+    ((next_stage,),) = [then.then]
+    assert isinstance(next_stage, HeldShapley)
 
 
 def test_shapley_over_one_found_step_separates_it_once_the_rest_are_cleared(

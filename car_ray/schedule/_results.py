@@ -44,7 +44,9 @@ class ScreenResult:
     (`candidates`), each step's clean re-draws, its forks (and the Shapley forks that probed
     for it), forks that left the tape where nothing was re-drawn (`strays`), the clean draws
     it had asked for, and its verdict when it found nothing: ("separated", ()) once every
-    step had its SCREEN_CLEAN clean draws (or it gave up on strays)."""
+    step had its SCREEN_CLEAN clean draws (or it gave up on strays), or once its outcome check
+    had SCREEN_CLEAN forks of every step that kept the outcome (every step then settled on
+    them)."""
 
     steps: tuple[int, ...]
     candidates: tuple[int, ...]
@@ -57,6 +59,10 @@ class ScreenResult:
     # Steps cleared on the outcome by the group game, each with its group's seeds that
     # changed nothing (`DeviationScreen.settled`; those seeds are in `clean` too).
     settled: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+    # The outcome check: screen forks that re-drew every step and kept the outcome, and
+    # whether a screen fork changed it (`DeviationScreen.outcome`).
+    whole: int = 0
+    moved: bool = False
 
     def deviation_bound(self, k: int, alpha: float) -> float:
         """An upper bound on how often step k leaves the tape (`DeviationScreen.bound_after`

@@ -225,8 +225,12 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
             )
         )
     probed = f" and probes in {screen.probe_forks} Shapley forks" if screen.probe_forks else ""
+    checked = bool(screen.settled) and not screen.moved  # settled by the outcome check
     settled = (
-        f"; {len(screen.settled)} more cleared on the outcome, in groups" if screen.settled else ""
+        f"; {len(screen.settled)} more cleared on the outcome, "
+        + ("all at once" if checked else "in groups")
+        if screen.settled
+        else ""
     )
     notes.append(
         Note(
@@ -269,7 +273,15 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
         figures["fewest_clean"] = fewest
         bound = DeviationScreen.bound_after(fewest, ctx.alpha)
         most = DeviationScreen.percent_after(fewest, ctx.alpha)
-        if screen.settled:
+        if checked:
+            figures["whole_bound"] = bound
+            text = (
+                "shapley: no step's re-draw changes the outcome, as far as re-drawing every "
+                f"step at once in {fewest} forks shows: at {confidence:.0%}, that changes it "
+                f"at most {most}% of the time, so all steps' blame together (their sum) is at "
+                f"most {most}%"
+            )
+        elif screen.settled:
             figures["group_bound"] = bound
             text = (
                 "shapley: no step's re-draw changes the outcome, as far as re-drawing them in "

@@ -41,6 +41,10 @@ class DeviationScreen:
     # The group game's rounds that settled steps, by number: a verdict's clearance may ask
     # one to go on for more of their draws (`GroupGame.extended`).
     rounds: dict[int, GroupGame] = field(default_factory=dict)
+    # The outcome check (`outcome`): screen forks that re-drew every step at once and kept
+    # the recorded outcome, and whether any screen fork changed it.
+    whole: int = 0
+    moved: bool = False
 
     def block(self) -> list[int]:
         return [
@@ -88,6 +92,16 @@ class DeviationScreen:
             self.hits[first_deviation] = self.hits.get(first_deviation, 0) + 1
         elif first_deviation is not None and first_deviation < min(block, default=0):
             self.strays += 1
+
+    def outcome(self, block: Sequence[int], flipped: bool) -> None:
+        """A scored screen fork's outcome. One that re-drew every step and kept the recorded
+        outcome is a draw of the whole tape's re-draw (`whole`): as all steps' blame sums to
+        how often that changes the outcome (the Shapley value is efficient), n of them and
+        none changed bound the sum as n clean draws bound a step (`bound_after`)."""
+        if flipped:
+            self.moved = True
+        elif not self.moved and set(block) == set(self.steps):
+            self.whole += 1
 
     def probed(self, seed: int, steps: Sequence[int], first_deviation: int | None) -> None:
         """Another stage's fork (fork seed `seed`) probed `steps` (`replay.Probe`): each probed

@@ -20,9 +20,11 @@ class HeldScreen(BaseStage):
     """Which steps ever choose differently: blocks of steps re-drawn together, held tail
     (see `DeviationScreen`), until the first step found or every step has its clean draws.
     Hands over to `HeldShapley` over the steps it found (to `HeldGroups` when they are
-    GROUPS_FROM or more); with none found, screens again to
-    the first find or SCREEN_CLEAN before it says no step makes a choice (its result's
-    verdict)."""
+    GROUPS_FROM or more) once a screen fork has changed the outcome; until one has, it
+    re-draws every step at once (the outcome check, `DeviationScreen.outcome`), and after
+    SCREEN_CLEAN such forks that all kept the outcome it says no step is to blame, every step
+    settled on them. With none found, screens again to the first find or SCREEN_CLEAN before
+    it says no step makes a choice (its result's verdict)."""
 
     name = "screen"
 
@@ -36,8 +38,7 @@ class HeldScreen(BaseStage):
         if self.screen is None:
             self.screen = DeviationScreen(ctx.resampled, clean_needed=SCREEN_FIRST)
             for spec, row in ctx.rows.of("screen", "held"):
-                if row["outcome"] is not None:
-                    self.screen.observe(sorted(spec.interventions), row["first_deviation"])
+                self._observe(spec, row)
             for spec, row in ctx.rows.of("shapley", "held"):
                 probed(self.screen, spec, row)
         self.pending = 0
@@ -47,8 +48,27 @@ class HeldScreen(BaseStage):
         assert self.screen is not None
         return self.screen
 
+    def _observe(self, spec: ForkSpec, row: Row) -> None:
+        if row["outcome"] is not None:
+            block = sorted(spec.interventions)
+            self._screen.observe(block, row["first_deviation"])
+            self._screen.outcome(block, bool(row["flipped"]))
+
+    def _checking(self) -> bool:
+        """Whether the outcome check goes on: a step is found, but no screen fork has changed
+        the outcome, and fewer than SCREEN_CLEAN have re-drawn every step."""
+        screen = self._screen
+        return bool(screen.candidates) and not screen.moved and screen.whole < SCREEN_CLEAN
+
     def suggest(self, room: int) -> list[Fork] | None:
         screen = self._screen
+        if self._checking():
+            # Forks of every step, one at a time at first (the first may well change it).
+            most = 1 if screen.whole < SCREEN_FIRST else SCREEN_IN_FLIGHT
+            most = min(most, SCREEN_CLEAN - screen.whole)
+            out = screen_forks(self.ctx, screen, room, self.pending, most, whole=True)
+            self.pending += len(out)
+            return out
         if screen.done() or screen.candidates:
             # Once a step is found, Shapley's probes screen the rest.
             return None
@@ -61,9 +81,7 @@ class HeldScreen(BaseStage):
 
     def observe(self, row: Row) -> None:
         self.pending -= 1
-        if row["outcome"] is not None:
-            spec = ForkSpec.model_validate_json(row["spec"])
-            self._screen.observe(sorted(spec.interventions), row["first_deviation"])
+        self._observe(ForkSpec.model_validate_json(row["spec"]), row)
 
     def unrun(self, spec: ForkSpec) -> None:
         self.pending -= 1
@@ -72,6 +90,13 @@ class HeldScreen(BaseStage):
         if exhausted:
             return Next(end="budget_exhausted")
         screen = self._screen
+        if self._checking():
+            return Next(then=(HeldScreen(self.ctx, screen),))
+        if screen.candidates and not screen.moved:
+            # Re-drawing every step kept the outcome SCREEN_CLEAN times: nothing to blame.
+            screen.settle(screen.steps, screen.whole)
+            self.verdict = ("separated", ())
+            return Next()
         if screen.candidates:
             if grouped(self.ctx, screen):
                 return Next(then=(HeldGroups(self.ctx, screen),))

@@ -15,12 +15,21 @@ from ._base import Fork
 
 
 def screen_forks(
-    ctx: JobContext, screen: DeviationScreen, room: int, pending: int, most: int = SCREEN_IN_FLIGHT
+    ctx: JobContext,
+    screen: DeviationScreen,
+    room: int,
+    pending: int,
+    most: int = SCREEN_IN_FLIGHT,
+    whole: bool = False,
 ) -> list[Fork]:
-    """Up to `room` forks of the screen's block (at most `most` in flight)."""
-    if screen.done():  # every step cleared, or it gave up on strays
+    """Up to `room` forks of the screen's block (at most `most` in flight); with `whole`, of
+    every step it screens (`DeviationScreen.outcome`)."""
+    if whole:
+        block = list(screen.steps)
+    elif screen.done():  # every step cleared, or it gave up on strays
         return []
-    block = screen.block()
+    else:
+        block = screen.block()
     plan: dict[int, Intervention] = {k: Resample() for k in block}
     n = max(0, min(room, most - pending))
     return [("screen", ctx.seeds.fork("screen", "block", plan, "held")) for _ in range(n)]
@@ -45,4 +54,6 @@ def screen_result(screen: DeviationScreen, verdict: Verdict | None = None) -> Sc
         clean_needed=screen.clean_needed,
         verdict=verdict,
         settled=MappingProxyType(dict(screen.settled)),
+        whole=screen.whole,
+        moved=screen.moved,
     )
