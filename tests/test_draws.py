@@ -39,8 +39,11 @@ def _decisions(draws: Draws, bodies: list[dict[str, Any]], seeds: range) -> list
     app = SimApp(load_job("jobs/support_refund_noisy/job.toml").load("policy"), draws=draws)
 
     async def ask(body: dict[str, Any], seed: int) -> str:
+        # The seed as car-ray sends a chat completion's: in its header, and in the body's
+        # `seed` (where OpenAI, and `seeded`, read it).
+        data = json.dumps({**body, "seed": seed}).encode()
         status, _, payload = await app.answer(
-            "/v1/chat/completions", {SEED_HEADER: str(seed)}, json.dumps(body).encode()
+            "/v1/chat/completions", {SEED_HEADER: str(seed)}, data
         )
         assert status == 200, payload
         message = json.loads(payload)["choices"][0]["message"]
@@ -81,12 +84,66 @@ def test_the_simulated_provider_answers_a_seed_three_ways() -> None:
         SimApp(_job_and_tape("jobs/echo/job.toml")[0].load("policy"), draws="sometimes")  # type: ignore[arg-type]
 
 
+def test_seeded_reads_a_chat_completions_seed_from_its_body_as_openai_does() -> None:
+    """`seeded` is OpenAI: a chat completion's seed is its body's `seed`, so the same body
+    with the same seed answers the same, and a body without one is a fresh sample whatever
+    car-ray's header says (two passes over 40 header seeds agree only by chance, as
+    unseeded's do above); a seed that is not an integer is a 400 that names it."""
+    from car_ray.job import load_job
+
+    app = SimApp(load_job("jobs/support_refund_noisy/job.toml").load("policy"), draws="seeded")
+
+    async def ask(body: dict[str, Any], seed: int) -> tuple[int, bytes]:
+        status, _, payload = await app.answer(
+            "/v1/chat/completions", {SEED_HEADER: str(seed)}, json.dumps(body).encode()
+        )
+        return status, payload
+
+    async def go() -> tuple[list[bytes], list[bytes], tuple[int, bytes]]:
+        header_only = [[(await ask(COIN_BODY, s))[1] for s in range(40)] for _ in range(2)]
+        same = sum(a == b for a, b in zip(*header_only, strict=True))
+        seeded = [(await ask({**COIN_BODY, "seed": 7}, 0))[1] for _ in range(2)]
+        bad = await ask({**COIN_BODY, "seed": "7"}, 0)
+        assert same <= 10, same
+        return seeded, header_only[0], bad
+
+    (first, again), _, (status, payload) = run(go())
+    # Response ids aside (they differ per call), the answers are the same.
+    assert json.loads(first)["choices"] == json.loads(again)["choices"]
+    assert status == 400 and b"seed must be an integer" in payload
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        json.dumps(COIN_BODY, separators=(",", ":")).encode(),  # as the SDK sends it
+        json.dumps(COIN_BODY, indent=2).encode() + b"\n",
+        b"{}",
+        b"{ }",
+    ],
+)
+def test_a_draws_seed_rides_in_a_chat_completions_body_and_comes_off_again(data: bytes) -> None:
+    """car-ray appends OpenAI's `seed` to the body as sent; the simulated provider keys its
+    answer ids on the body without it, so a draw that lands on the recorded action answers
+    byte for byte as the recording did, whatever seed it was drawn with."""
+    from car_ray.providers import with_seed, without_seed
+
+    seeded = with_seed(data, 2**59 + 3)
+    assert json.loads(seeded) == {**json.loads(data), "seed": 2**59 + 3}
+    assert without_seed(seeded, 2**59 + 3) == data.rstrip()
+    assert without_seed(seeded, 4) == seeded  # another seed's body is not this one's
+    # An agent's own seed is replaced (every draw of a step is its own); not JSON: as it is.
+    own = with_seed(json.dumps({**COIN_BODY, "seed": 42}).encode(), 7)
+    assert json.loads(own) == {**COIN_BODY, "seed": 7}
+    assert with_seed(b"not json", 7) == b"not json" and with_seed(b"[1]", 7) == b"[1]"
+
+
 def _reask_rows(tmp_path: Path, recorded_on: Draws, asked_on: Draws) -> tuple[bool, bool]:
-    """Record jobs/echo_noisy against a provider drawing `recorded_on`, then re-ask its last
-    model step (four wordings) against one drawing `asked_on`, with the recorded seed and
-    with fresh ones (eight forks each: an unseeded provider repeats the tape's words in all
-    eight one time in 4^8): whether every re-ask with the recorded seed
-    reproduced the tape, and whether every fresh one did."""
+    """Record jobs/echo_noisy against a provider drawing `recorded_on`, then re-ask each of
+    its four model steps (each worded several ways) twice against one drawing `asked_on`,
+    with the recorded seed and with fresh ones: whether every re-ask with the recorded seed
+    reproduced the tape, and whether every fresh one did. (A draw that does not follow the
+    recorded seed lands on the recorded words at all four steps about one time in 4^4.)"""
     job, _ = _job_and_tape("jobs/echo_noisy/job.toml")
 
     async def go() -> tuple[bool, bool]:
@@ -99,21 +156,29 @@ def _reask_rows(tmp_path: Path, recorded_on: Draws, asked_on: Draws) -> tuple[bo
                 base_urls=BaseUrls.for_server(sim.url),
                 seed=job.spec.seed,
             )
-        last = max(k for k, e in enumerate(tape.steps) if e.type == "llm")
+        models = [k for k, e in enumerate(tape.steps) if e.type == "llm"]
+        # The seed went in the calls' bodies (`seeded` reads it nowhere else); the tape keeps
+        # the agent's own.
+        assert all("seed" not in tape.steps[k].request.body for k in models), "seed on tape"
         with SimServer(job.load("policy"), draws=asked_on) as sim:
             runner = http_runner(job.load("agent"), job.load("scorer"), sim, tape)
             try:
                 out: dict[str, list[bool | None]] = {"recorded": [], "fresh": []}
-                for seed, fork_seeds in (("recorded", range(8)), ("fresh", range(8))):
-                    for fork_seed in fork_seeds:
-                        plan: dict[int, Any] = {last: Reask(seed=seed)}
-                        spec = ForkSpec(
-                            tape_id=tape.tape_id, interventions=plan, tail="held", seed=fork_seed
-                        )
-                        row = await runner.run(spec)
-                        assert row.status == "ok", row
-                        out[seed].append(row.reproduced)
-                plan = {last: Resample()}
+                for seed in ("recorded", "fresh"):
+                    for step in models:
+                        for fork_seed in range(2):
+                            plan: dict[int, Any] = {step: Reask(seed=seed)}
+                            spec = ForkSpec(
+                                tape_id=tape.tape_id,
+                                interventions=plan,
+                                tail="held",
+                                seed=fork_seed,
+                            )
+                            row = await runner.run(spec)
+                            # A fresh draw that went another way may reach a blocked effect.
+                            assert row.status in ("ok", "blocked_effect"), row
+                            out[seed].append(row.reproduced)
+                plan = {models[-1]: Resample()}
                 resampled = await runner.run(ForkSpec(tape_id=tape.tape_id, interventions=plan))
                 assert resampled.reproduced is None  # only a re-ask says
             finally:

@@ -21,6 +21,38 @@ from ._types import (
 _CREATED = 1_767_225_600  # a fixed timestamp keeps rendered bodies reproducible
 
 
+def with_seed(data: bytes, seed: int) -> bytes:
+    """A chat completion's body with OpenAI's `seed` (best effort: an identical request with
+    the same seed answers the same) set to `seed`. The key is appended to the object as it
+    was sent, every other byte kept, so `without_seed` gives the body back; a body with a
+    `seed` of its own is written anew with it replaced; a body that is not a JSON object is
+    sent as it is."""
+    try:
+        body = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(body, dict):
+        return data
+    if "seed" in body:
+        return json.dumps({**body, "seed": seed}, separators=(",", ":")).encode()
+    text = data.rstrip()
+    head = text[:-1]
+    comma = b"" if head.rstrip().endswith(b"{") else b","
+    return head + comma + b'"seed":%d}' % seed
+
+
+def without_seed(data: bytes, seed: int) -> bytes:
+    """The body `with_seed(body, seed)` was made from (`data` itself if it was not)."""
+    tail = b'"seed":%d}' % seed
+    text = data.rstrip()
+    if not text.endswith(tail):
+        return data
+    head = text[: -len(tail)]
+    if head.endswith(b","):
+        return head[:-1] + b"}"
+    return head + b"}" if head.rstrip().endswith(b"{") else data
+
+
 def _text_of(content: Any) -> str:
     if content is None:
         return ""

@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .._canon import canonical_bytes, digest_of, json_roundtrip, sha256_hex
 from ..providers import (
+    OPENAI,
     READS,
     RESPONSES,
     SEED_HEADER,
@@ -39,6 +40,7 @@ from ..providers import (
     codec_for_path,
     estimate_usage,
     response_of,
+    with_seed,
 )
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
 from ._decisions import ACTIONS, Decisions
@@ -766,13 +768,17 @@ class Run:
         self, k: int, request: WireRequest, body: Any, seed: int, *, record: bool = False
     ) -> tuple[WireResponse, dict[str, Any], Usage]:
         """Send one prepared call with `seed` and read its answer: the response, the
-        trajectory fields and the usage. A fork's call is counted in its spend."""
+        trajectory fields and the usage. A fork's call is counted in its spend. The seed goes
+        in SEED_HEADER and, to a chat completion, in the body's `seed` too (OpenAI's, best
+        effort for an identical request), in place of any the agent set: every draw of a
+        step must be its own (`with_seed`; the tape keeps the agent's body)."""
         codec = codec_for_path(urlsplit(request.url).path)
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
             (SEED_HEADER, str(seed)),
         )
-        wire = WireRequest(request.method, request.url, headers, request.body)
+        data = with_seed(request.body, seed) if codec is OPENAI else request.body
+        wire = WireRequest(request.method, request.url, headers, data)
         if record:
             assert self.upstream is not None  # `_need_upstream` checked it
             response = await self.upstream.send(wire)

@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from car_ray._canon import digest_of
 from car_ray.providers import (
+    OPENAI,
     READS,
     RESPONSES,
     SEED_HEADER,
@@ -25,6 +26,7 @@ from car_ray.providers import (
     ProviderName,
     codec_for_path,
     estimate_usage,
+    without_seed,
 )
 
 from ._policy import (
@@ -77,7 +79,8 @@ class SimApp:
       distribution, so equal seeds give equal actions and a changed request with the recorded
       seed lands on the same point of its new distribution (common random numbers);
     - `seeded`, as OpenAI's `seed`: an identical request with the same seed answers the same,
-      a changed request is an unrelated sample;
+      a changed request is an unrelated sample (a chat completion's seed is its body's
+      `seed`, as OpenAI reads it; without one, a fresh sample);
     - `unseeded`, as Anthropic (no seed): every call is a fresh sample, an identical request
       with the recorded seed included.
 
@@ -189,7 +192,7 @@ class SimApp:
 
         try:
             request = self._conversation(_parse(codec, body))
-            seed = self._draw_seed(_seed(headers), request.raw)
+            seed = self._draw_seed(self._seed_of(codec, headers, request.raw), request.raw)
         except ProviderFormatError as exc:
             self.errors += 1
             return 400, [], error_body(provider, 400, str(exc))
@@ -213,6 +216,18 @@ class SimApp:
             self._remember(request, action, response_id)
         content_type = "text/event-stream" if request.stream else "application/json"
         return 200, [("content-type", content_type), ("cache-control", "no-cache")], rendered
+
+    def _seed_of(self, codec: Codec, headers: dict[str, str], body: dict[str, Any]) -> int | None:
+        """The seed a request carries: `seeded`, a chat completion's body `seed` (where
+        OpenAI reads it; none there, a fresh sample); otherwise SEED_HEADER."""
+        if self.draws != "seeded" or codec is not OPENAI:
+            return _seed(headers)
+        value = body.get("seed")
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProviderFormatError(f"seed must be an integer, got {value!r}")
+        return value
 
     def _draw_seed(self, seed: int | None, body: dict[str, Any]) -> int | None:
         """The seed the action is drawn with, as `draws` says (`body`: the request, parsed)."""
@@ -271,6 +286,11 @@ class SimApp:
         if seed is None:
             suffix = f"{self._action_rng.getrandbits(96):024x}"
         else:
+            # The body as the agent sent it: the seed car-ray adds for OpenAI is no part of
+            # the request's identity (`without_seed`).
+            if codec is OPENAI:
+                value = json.loads(body).get("seed")
+                body = without_seed(body, value) if isinstance(value, int) else body
             body_digest = hashlib.sha256(body).hexdigest()
             drawn = json.dumps(action.to_json(), sort_keys=True)
             suffix = hashlib.sha256(f"{body_digest}:{drawn}".encode()).hexdigest()[:24]
