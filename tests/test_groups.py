@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,10 +17,11 @@ import pytest
 
 from car_ray.bench import _job_and_tape
 from car_ray.job import Job
+from car_ray.replay import ForkSpec
 from car_ray.schedule import Budget, JobOutcome
 from car_ray.schedule._tuning import MIN_SEEDS, SCREEN_CLEAN
 from car_ray.schedule.estimators import DeviationScreen, GroupGame, _group_game, split
-from car_ray.schedule.stages._groups import _span
+from car_ray.schedule.stages._groups import ROUND_SEEDS, _span
 from car_ray.tape import Tape
 from car_ray.truth import run_local
 from car_ray.truth._local import run_local_scheduler
@@ -287,8 +287,28 @@ kind = "resample"
 """
 
 
+@pytest.fixture(scope="module")
+def and_job(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Job, Tape, JobOutcome, list[dict[str, Any]]]]:
+    """The AND job (below) with rounds made to end at EARLY_SHARE 1, run in one go: the job,
+    its tape, its outcome and its rows."""
+    folder = tmp_path_factory.mktemp("and") / "wordy_and"
+    (folder.parent / "checklist").symlink_to(ROOT / "jobs" / "checklist")
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "policy.py").write_text(AND_POLICY)
+    (folder / "job.toml").write_text(AND_JOB)
+    base, tape = _job_and_tape(str(folder / "job.toml"))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_group_game, "EARLY_SHARE", 1.0)
+        job = Job(base.path, base.spec.model_copy(update={"attribution_seed": 1}))
+        outcome, rows = run_local(job, tape, Budget(**base.spec.budget.model_dump()))
+        yield job, tape, outcome, rows
+
+
 def test_a_round_that_ended_early_goes_on_when_the_verdict_asks_and_an_and_keeps_both_halves(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    and_job: tuple[Job, Tape, JobOutcome, list[dict[str, Any]]],
 ) -> None:
     """A 15-item checklist worded a thousand ways (jobs/checklist under `sim.Worded`), held by
     actions, whose payout goes out wrongly when two items are waived: items 7 and 8 (steps 14
@@ -299,16 +319,7 @@ def test_a_round_that_ended_early_goes_on_when_the_verdict_asks_and_an_and_keeps
     they settled are short of what the AND's halves need of them: the verdict's clearance
     makes their rounds go on (a `groups_on` note), and the job names both halves, each
     interval holding 0.455."""
-    (tmp_path / "checklist").symlink_to(ROOT / "jobs" / "checklist")
-    folder = tmp_path / "wordy_and"
-    folder.mkdir()
-    (folder / "__init__.py").write_text("")
-    (folder / "policy.py").write_text(AND_POLICY)
-    (folder / "job.toml").write_text(AND_JOB)
-    base, tape = _job_and_tape(str(folder / "job.toml"))
-    monkeypatch.setattr(_group_game, "EARLY_SHARE", 1.0)
-    job = Job(base.path, base.spec.model_copy(update={"attribution_seed": 1}))
-    outcome, _ = run_local(job, tape, Budget(**base.spec.budget.model_dump()))
+    _, _, outcome, _ = and_job
     going_on = [n for n in outcome.notes if n.kind == "groups_on"]
     assert going_on, "no round went on: this job no longer exercises it"
     assert all(n.figures["forks"] > 0 for n in going_on)
@@ -318,6 +329,39 @@ def test_a_round_that_ended_early_goes_on_when_the_verdict_asks_and_an_and_keeps
     for row in outcome.attribution:
         if row["intervention"] == "resample" and row["step"] in (14, 16):
             assert row["phi_lo"] <= 0.455 <= row["phi_hi"], row
+
+
+def test_a_job_stopped_while_a_round_goes_on_resumes_to_the_same_forks(
+    and_job: tuple[Job, Tape, JobOutcome, list[dict[str, Any]]],
+) -> None:
+    """The AND job stopped one fork into a round's going on (its rows written so far are
+    those of the job run in one go, up to the first fork of a round after a later round's:
+    a crash there) and run again under the same caps asks for the rest of the forks the job
+    run in one go asks for, and answers and notes the same."""
+    job, tape, whole, whole_rows = and_job
+    seeds = [ForkSpec.model_validate_json(r["spec"]).seed for r in whole_rows]
+    first_group = min(s for s, r in zip(seeds, whole_rows, strict=True) if r["stage"] == "groups")
+    latest, crash = -1, None
+    for i, (seed, row) in enumerate(zip(seeds, whole_rows, strict=True)):
+        if row["stage"] == "groups":
+            number = (seed - first_group) // ROUND_SEEDS
+            if number < latest:
+                crash = i + 1
+                break
+            latest = number
+    assert crash is not None, "no round went on"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_group_game, "EARLY_SHARE", 1.0)
+        budget = Budget(**job.spec.budget.model_dump())  # the whole run's
+        rest, rest_rows, _ = run_local_scheduler(job, tape, budget, already=whole_rows[:crash])
+    assert sorted(r["task_id"] for r in whole_rows[:crash] + rest_rows) == sorted(
+        r["task_id"] for r in whole_rows
+    )
+    assert rest.answer == whole.answer
+    kinds = ("groups", "groups_on")
+    assert [n.text for n in rest.notes if n.kind in kinds] == [
+        n.text for n in whole.notes if n.kind in kinds
+    ]
 
 
 def test_a_rounds_note_shows_steps_that_skip_as_ranges() -> None:

@@ -70,6 +70,7 @@ class GroupGame:
     # Seeds the round has gone on for since it ended, for its settled groups (`counted`).
     extended: int = 0
     _settled: list[int] | None = None  # `settled`, once the round has ended
+    rows: dict[int, int] = field(default_factory=dict)  # forks observed, by seed
 
     def order(self, seed: int) -> list[int]:
         """The groups (by index) in the order seed `seed` walks them."""
@@ -88,6 +89,7 @@ class GroupGame:
     def observe(self, seed: int, coalition: frozenset[int], flipped: bool | None) -> None:
         if coalition not in self.coalitions(seed):
             return  # a row of another round's game
+        self.rows[seed] = self.rows.get(seed, 0) + 1
         if flipped is None:
             self.failed.add(seed)
         else:
@@ -178,6 +180,16 @@ class GroupGame:
             active = set(self.active())
             self._settled = [g for g in range(len(self.groups)) if g not in active]
         return self._settled
+
+    def forks(self) -> tuple[int, int]:
+        """The forks observed of the round's own seeds (all of them while it runs) and of
+        the seeds after its last counted one: its going on, and forks in flight when it
+        ended (a job that resumes cannot tell the two apart, so both count as going on)."""
+        if self.decided_at is None:
+            return sum(self.rows.values()), 0
+        last = max(self.seeds(), default=-1)
+        own = sum(n for seed, n in self.rows.items() if seed <= last)
+        return own, sum(self.rows.values()) - own
 
     def slots(self) -> list[int]:
         """The seeds the round counts once it has gone on `extended` seeds: the first

@@ -76,11 +76,9 @@ class HeldGroups(BaseStage):
             salt=f"{ctx.spec.attribution_seed}/{self.round}",
         )
         self.pending: dict[int, set[frozenset[int]]] = {}
-        self.forks = 0  # rows of this round's forks, an earlier run's counted
         for spec, row in ctx.rows.of("groups", "held"):
             seed = self._seed(spec)
             if 0 <= seed < ROUND_SEEDS:
-                self.forks += 1
                 self.game.observe(seed, coalition_of(spec), _flipped(row))
 
     def _seed(self, spec: ForkSpec) -> int:
@@ -134,8 +132,12 @@ class HeldGroups(BaseStage):
                 del self.pending[seed]
         return seed, coalition
 
+    @property
+    def forks(self) -> int:
+        """The forks of the round's own seeds, an earlier run's counted (`GroupGame.forks`)."""
+        return self.game.forks()[0]
+
     def observe(self, row: Row) -> None:
-        self.forks += 1
         seed, coalition = self._settle(ForkSpec.model_validate_json(row["spec"]))
         self.game.observe(seed, coalition, _flipped(row))
 
@@ -259,9 +261,8 @@ class GoingOn:
         self.ctx = ctx
         self.screen = screen
         self.pending: dict[str, tuple[int, int, frozenset[int]]] = {}  # task id: where
-        # What this stage's going on did, by round: seeds begun, rows, steps unsettled.
+        # What this stage's going on did, by round: seeds begun, steps unsettled.
         self.begun: dict[int, int] = {}
-        self.rows: dict[int, int] = {}
         self.unsettled: dict[int, list[int]] = {}
         # Rounds a fork of which did not run (refused, or its provider kept failing): they
         # go on no further here, as the next seed would take the failed one's place unasked.
@@ -305,7 +306,6 @@ class GoingOn:
 
     def observe(self, spec: ForkSpec, flipped: bool | None) -> None:
         number, seed, coalition = self.pending.pop(spec.task_id)
-        self.rows[number] = self.rows.get(number, 0) + 1
         if flipped is None:
             self.stopped.add(number)
         self.screen.rounds[number].observe(seed, coalition, flipped)
@@ -332,10 +332,10 @@ class GoingOn:
         for number in sorted(self.begun):
             game = self.screen.rounds[number]
             seeds = len(game.counted())
+            forks = game.forks()[1]  # an earlier run's counted
             text = (
                 f"groups, round {number + 1} went on for the clearance of the steps it "
-                f"settled: {self.begun[number]} more seed(s) ({self.rows.get(number, 0)} "
-                f"forks), {seeds} counted"
+                f"settled: {self.begun[number]} more seed(s) ({forks} forks), {seeds} counted"
             )
             back = sorted(self.unsettled.get(number, []))
             if back:
@@ -347,7 +347,7 @@ class GoingOn:
                     figures={
                         "round": number + 1,
                         "seeds": self.begun[number],
-                        "forks": self.rows.get(number, 0),
+                        "forks": forks,
                         "counted": seeds,
                         "unsettled": back,
                     },
