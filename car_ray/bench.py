@@ -55,7 +55,11 @@ Definitions (also in the printed tables):
   that "the budget ended before the top separated" is not a stop on its own.
 
 Every run is a row of `accuracy.parquet`; `accuracy.png` plots, per scenario, top-1 accuracy
-against mean forks used, one line per scheme. Runs go to `processes` worker processes (each
+against mean forks used, one line per scheme. Scenarios that differ only in their tape's
+length (`<family>_<n>`: jobs/checklist_sparse_10, _30, _100, _300) get a table and a panel of
+`scaling.png` of forks against steps: auto with no cap, and auto's and uniform-held's fewest
+forks for the accuracy (uniform-held needs a fork an arm, more than the grid's budgets at 300
+steps: its least is drawn as an open marker). Runs go to `processes` worker processes (each
 runs whole attribution jobs); the exact values are computed in the same pool.
 """
 
@@ -661,6 +665,119 @@ def default_table(rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario])
     return table
 
 
+def families(scenarios: Sequence[Scenario]) -> dict[str, list[Scenario]]:
+    """Scenarios that differ only in their tape's length, by family: names `<family>_<n>`
+    (jobs/checklist_sparse_10 ... _300), two or more a family, by steps."""
+    out: dict[str, list[Scenario]] = defaultdict(list)
+    for s in scenarios:
+        family, _, n = s.name.rpartition("_")
+        if family and n.isdigit():
+            out[family].append(s)
+    return {f: sorted(m, key=lambda s: s.steps) for f, m in out.items() if len(m) > 1}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """One length of a family: auto with no cap (median forks, how often it stopped on its
+    own), and the fewest forks auto and uniform-held reach the accuracy with (None: never on
+    the grid; `held_least`: the least uniform-held could spend, one fork an arm, where that
+    is above every budget of the grid)."""
+
+    scenario: str
+    steps: int
+    default_median: float | None
+    default_stopped: float | None
+    auto: float | None
+    held: float | None
+    held_least: int | None
+
+
+def scales(
+    rows: Sequence[dict[str, Any]], summary: Summary, family: Sequence[Scenario]
+) -> list[Scale]:
+    out = []
+    for s in family:
+        runs = [r for r in rows if r["scenario"] == s.name and r["default_budget"]]
+        ran = any(s.uniform_runs(b) for _, b in s.grid)
+        out.append(
+            Scale(
+                s.name,
+                s.steps,
+                median(float(r["forks"]) for r in runs) if runs else None,
+                sum(bool(r["stopped"]) for r in runs) / len(runs) if runs else None,
+                summary.fewest[(s.name, "auto")],
+                summary.fewest[(s.name, "uniform-held")],
+                None if ran else s.arms,
+            )
+        )
+    return out
+
+
+def scaling_table(family: str, points: Sequence[Scale]) -> Table:
+    table = Table(
+        title=f"{family}: forks against the tape's steps (auto with no cap: median forks and "
+        f"how often it stopped on its own; fewest forks for top-1 accuracy >= {ACCURATE})",
+        title_justify="left",
+    )
+    for column in ("scenario", "steps", "auto, no cap", "stopped", "auto", "uniform-held"):
+        table.add_column(column, justify="left" if column == "scenario" else "right")
+    for p in points:
+        held = _fmt(p.held)
+        if p.held is None and p.held_least is not None:
+            held = f"at least {p.held_least} (a fork an arm, beyond the grid)"
+        table.add_row(
+            escape(p.scenario),
+            str(p.steps),
+            _fmt(p.default_median, ".0f", "—"),
+            _fmt(p.default_stopped, ".0%", "—"),
+            _fmt(p.auto),
+            held,
+        )
+    return table
+
+
+def write_scaling_plot(path: Path, by_family: dict[str, list[Scale]]) -> None:
+    """Forks against steps, a panel per family: auto with no cap (median), auto's and
+    uniform-held's fewest forks for the accuracy; uniform-held's least (one fork an arm) as
+    an open marker where the grid could not run it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(by_family), figsize=(4.2 * len(by_family), 3.2), squeeze=False)
+    for ax, (family, points) in zip(axes[0], by_family.items(), strict=True):
+        lines = (
+            ("auto, no cap (median)", "k*-", [p.default_median for p in points]),
+            (f"auto, fewest for {ACCURATE:.0%} top-1", "o-", [p.auto for p in points]),
+            (f"uniform-held, fewest for {ACCURATE:.0%}", "v-", [p.held for p in points]),
+        )
+        for label, style, values in lines:
+            xy = [(p.steps, v) for p, v in zip(points, values, strict=True) if v is not None]
+            if xy:
+                ax.plot(*zip(*xy, strict=True), style, markersize=4, linewidth=1, label=label)
+        least = [(p.steps, p.held_least) for p in points if p.held is None and p.held_least]
+        if least:
+            ax.plot(
+                *zip(*least, strict=True),
+                "v",
+                markerfacecolor="none",
+                markersize=6,
+                label="uniform-held, at least (beyond the grid)",
+            )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("steps of the tape", fontsize=8)
+        ax.set_ylabel("forks", fontsize=8)
+        ax.set_title(family, fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6, frameon=False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _show(console: Console, table: Table) -> None:
     """The title on its own line (rich would wrap it to a narrow table's width), then the table."""
     if table.title:
@@ -875,6 +992,9 @@ def main(
         + _fmt(summary.phi_width, ".3f", "—")
     )
     _show(console, default_table(rows, plan))
+    by_family = {f: scales(rows, summary, m) for f, m in families(plan).items()}
+    for family, points in by_family.items():
+        _show(console, scaling_table(family, points))
     wall = time.perf_counter() - began
     config: dict[str, Any] = {
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -894,7 +1014,12 @@ def main(
     write_parquet(parquet, rows, config)
     png = out / "accuracy.png"
     write_plot(png, rows, plan)
-    console.print(f"wrote {parquet} and {png}; wall time {wall:.0f} s", markup=False)
+    written = [str(parquet), str(png)]
+    if by_family:
+        scaling = out / "scaling.png"
+        write_scaling_plot(scaling, by_family)
+        written.append(str(scaling))
+    console.print(f"wrote {', '.join(written)}; wall time {wall:.0f} s", markup=False)
     failed = sum(res.error is not None for res in results)
     if failed:
         console.print(f"[bold red]{failed} runs raised: see the 'error' column")

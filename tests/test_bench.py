@@ -118,3 +118,34 @@ def test_the_grid_runs_uniform_from_one_fork_a_step() -> None:
     assert free.grid == [(0.25, 3), (0.5, 6), (1, 11)]
     uniform = {(t.scheme, t.budget, t.uniform_k) for t in tasks_of(free) if t.scheme != "auto"}
     assert uniform == {(s, 11, max(1, 11 // free.arms)) for s in SCHEMES[1:]}
+
+
+def test_a_family_of_tape_lengths_gets_forks_against_steps(tmp_path: Any) -> None:
+    """jobs/checklist_sparse_10 and _30 are one family (`<family>_<n>`): the bench prints
+    their forks against steps and draws scaling.png. Under a cap of 20 forks the 31-step
+    tape's uniform schemes never run (a fork an arm is 31): uniform-held's least is shown
+    beyond the grid; the 11-step tape's run at 11."""
+    from car_ray.bench import families, plan_scenario
+
+    jobs = [ROOT / "jobs" / f"checklist_sparse_{n}" / "job.toml" for n in (10, 30)]
+    plans = [plan_scenario(j, [1], 1, 1, 20) for j in jobs]
+    assert families(plans) == {"checklist_sparse": plans}
+    assert families(plans[:1]) == {}  # one length is no family
+    text = io.StringIO()
+    code = main(
+        jobs,
+        seeds=2,
+        forks_per_step=[1],
+        max_budget=20,
+        processes=2,
+        out=tmp_path,
+        console=Console(file=text, width=200),
+    )
+    printed = " ".join(text.getvalue().split())
+    assert code == 0, printed
+    assert "checklist_sparse: forks against the tape's steps" in printed
+    assert "at least 31 (a fork an arm, beyond the grid)" in printed
+    assert (tmp_path / "scaling.png").read_bytes().startswith(PNG)
+    rows = pq.read_table(tmp_path / "accuracy.parquet").to_pylist()
+    held = {r["scenario"] for r in rows if r["scheme"] == "uniform-held"}
+    assert held == {"checklist_sparse_10"}

@@ -36,12 +36,14 @@ SCENARIOS = [
     "nightly",
 ]
 # The noisy suite (tests/test_noisy.py): each scenario above with every model step worded
-# several ways (`sim.Worded`), and the checklist reviews of 31 and 101 steps.
+# several ways (`sim.Worded`), and the checklist reviews of 11, 31, 101 and 301 steps.
 NOISY = [f"{name}_noisy" for name in SCENARIOS if name != "nightly"] + [
     "research_async_noisy",
     "support_refund_noisy",
+    "checklist_sparse_10",
     "checklist_sparse_30",
     "checklist_sparse_100",
+    "checklist_sparse_300",
     "checklist_dense",
 ]
 STEP_COUNT = re.compile(r"the tape has (\d+) steps")

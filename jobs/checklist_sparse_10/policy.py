@@ -1,0 +1,19 @@
+"""The checklist review (jobs/checklist) with one planted item of 5 (step 4), waived with
+probability 0.7; every model step worded four ways."""
+
+from __future__ import annotations
+
+from checklist.policy import Checklist, scenario
+
+from car_ray.sim import Worded
+
+BASE = Checklist(items=5, planted={2: 0.7})
+POLICY = Worded(BASE, wordings=4)
+SCENARIO = scenario(
+    "checklist_sparse_10",
+    BASE,
+    (
+        "A payout review whose every note varies its wording: one planted item of 5 "
+        "(step 4), waived with probability 0.7; a waived item releases the payout."
+    ),
+)
