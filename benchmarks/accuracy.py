@@ -22,7 +22,7 @@ from pathlib import Path
 import structlog
 from _common import DEFAULT_OUT, ROOT, make_console
 
-from car_ray.bench import MAX_BUDGET, main
+from car_ray.bench import MAX_BUDGET, SCHEMES, main
 from car_ray.validate import suite
 
 
@@ -66,6 +66,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         help="seeds for tapes over 32 steps (default 3; --quick: 0, or 1 if --scenarios names one)",
     )
+    parser.add_argument(
+        "--schemes",
+        nargs="+",
+        choices=SCHEMES[1:],
+        default=list(SCHEMES[1:]),
+        help="the uniform schemes to run beside auto (default: all three)",
+    )
     parser.add_argument("--processes", type=positive, default=2)
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the results")
     return parser.parse_args(argv)
@@ -87,6 +94,7 @@ def run(argv: Sequence[str] | None = None) -> int:
         long_seeds=args.long_seeds,
         processes=args.processes,
         out=args.out,
+        schemes=["auto", *args.schemes],
         console=make_console(width=200),
     )
 

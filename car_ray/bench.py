@@ -395,13 +395,19 @@ def plan_scenario(
     return Scenario(job.folder.name, str(job_file), steps, arms, n, points)
 
 
-def tasks_of(s: Scenario, draws: str = "coupled") -> list[Task]:
+def tasks_of(
+    s: Scenario, draws: str = "coupled", schemes: Sequence[Scheme] = SCHEMES
+) -> list[Task]:
+    """The scenario's runs: auto with no cap once a seed, and each of `schemes` (auto always
+    among them) at each budget of the grid it runs at."""
     out = []
     for seed in range(s.seeds):
         cost = 10.0 * s.steps**2
         out.append(Task(s.job_file, s.name, "auto", None, None, None, seed, cost, draws))
         for f, budget in s.grid:
             for scheme in SCHEMES if s.uniform_runs(budget) else SCHEMES[:1]:
+                if scheme not in schemes and scheme != "auto":
+                    continue
                 k = None if scheme == "auto" else max(1, budget // s.arms)
                 cost = budget * s.steps
                 out.append(Task(s.job_file, s.name, scheme, f, budget, k, seed, cost, draws))
@@ -584,7 +590,8 @@ def accuracy_tables(
 ) -> Iterator[Table]:
     cells = _cells(rows)
     levels = sorted({f for s in scenarios for f, _ in s.grid})
-    for scheme in SCHEMES:
+    ran = {r["scheme"] for r in rows}
+    for scheme in (s for s in SCHEMES if s in ran):
         table = Table(
             title=f"{scheme}: top-1 accuracy over the seeds (mean forks used) by budget "
             "(F forks a step of the tape)",
@@ -612,14 +619,16 @@ def _fmt(value: float | None, spec: str = ".0f", none: str = "never") -> str:
     return none if value is None else format(value, spec)
 
 
-def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
+def summary_table(
+    summary: Summary, scenarios: Sequence[Scenario], schemes: Sequence[Scheme] = SCHEMES
+) -> Table:
     table = Table(
         title=f"fewest forks: mean forks used at the smallest budget with top-1 accuracy >= "
         f"{ACCURATE} ('never': no budget on the grid)",
         title_justify="left",
     )
     table.add_column("scenario")
-    for scheme in SCHEMES:
+    for scheme in schemes:
         table.add_column(scheme, justify="right")
     table.add_column("best uniform")
     table.add_column("auto / best uniform", justify="right")
@@ -629,7 +638,7 @@ def summary_table(summary: Summary, scenarios: Sequence[Scenario]) -> Table:
         best = summary.best_uniform[s.name]
         table.add_row(
             escape(s.name),
-            *(_fmt(summary.fewest[(s.name, scheme)]) for scheme in SCHEMES),
+            *(_fmt(summary.fewest[(s.name, scheme)]) for scheme in schemes),
             escape(best or "none"),
             _fmt(summary.ratios[s.name], ".2f", "—"),
             _fmt(summary.auto_whole[s.name]),
@@ -869,6 +878,7 @@ def main(
     out: Path = DEFAULT_OUT,
     console: Console | None = None,
     draws: str = "coupled",
+    schemes: Sequence[Scheme] = SCHEMES,
 ) -> int:
     """Accuracy against budget on the scenario suite (see the module docstring); writes
     `out`/accuracy.parquet and `out`/accuracy.png; 0 when every run ran, 1 if one raised
@@ -882,7 +892,7 @@ def main(
     tape over 32 steps runs (default: R; quick 0, i.e. skipped, or 1 when `scenarios` names
     it); processes: worker processes (1: all in this one); draws: what the simulated provider
     does with a seed (`sim_draws`: coupled, seeded, unseeded), every run alike (the exact
-    values stay the held game's)."""
+    values stay the held game's); schemes: the uniform schemes to run beside auto (all)."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped: rich would assume 80 columns and squeeze the tables
@@ -913,7 +923,7 @@ def main(
     if not plan:
         console.print("[bold red]no scenario to run: pass job files, or run from the repo")
         return 1
-    tasks = [t for s in plan for t in tasks_of(s, draws)]
+    tasks = [t for s in plan for t in tasks_of(s, draws, schemes)]
     console.print(
         f"{len(plan)} scenarios, {len(tasks)} attribution runs on {processes} process(es): "
         f"{r} seeds, forks a step {grid}, budgets at most {max_budget or 'any'} forks; tapes "
@@ -921,7 +931,7 @@ def main(
     )
     results: list[Result] = []
     done_by: dict[str, int] = defaultdict(int)
-    total_by = {s.name: len(tasks_of(s)) for s in plan}
+    total_by = {s.name: len(tasks_of(s, draws, schemes)) for s in plan}
 
     def on_result(result: Result) -> None:
         results.append(result)
@@ -955,7 +965,8 @@ def main(
     for table in accuracy_tables(rows, plan):
         _show(console, table)
     summary = summarize(rows, plan)
-    _show(console, summary_table(summary, plan))
+    ran = [scheme for scheme in SCHEMES if scheme in schemes or scheme == "auto"]
+    _show(console, summary_table(summary, plan, ran))
     console.print(
         "median auto / best-uniform fewest forks over the suite: "
         + (
@@ -968,17 +979,18 @@ def main(
             else "— (no scenario other than a negative control where both reach the accuracy)"
         )
     )
-    console.print(
-        "against the schemes other tools use (uniform-live, uniform-pinned): auto reaches the "
-        f"accuracy on {len(summary.beats_others)} scenarios with a cause where neither does "
-        f"({escape(', '.join(summary.beats_others)) or 'none'})"
-        + (
-            "; where one does, auto / their best: "
-            + ", ".join(f"{escape(k)} {v:.2f}" for k, v in summary.others_ratios.items())
-            if summary.others_ratios
-            else ""
+    if set(OTHER_TOOLS) <= set(ran):
+        console.print(
+            "against the schemes other tools use (uniform-live, uniform-pinned): auto reaches the "
+            f"accuracy on {len(summary.beats_others)} scenarios with a cause where neither does "
+            f"({escape(', '.join(summary.beats_others)) or 'none'})"
+            + (
+                "; where one does, auto / their best: "
+                + ", ".join(f"{escape(k)} {v:.2f}" for k, v in summary.others_ratios.items())
+                if summary.others_ratios
+                else ""
+            )
         )
-    )
     console.print(
         f"auto, every capped run: {summary.covered}/{summary.checked} exact values inside "
         "their 95% intervals ("

@@ -124,7 +124,8 @@ def test_a_family_of_tape_lengths_gets_forks_against_steps(tmp_path: Any) -> Non
     """jobs/checklist_sparse_10 and _30 are one family (`<family>_<n>`): the bench prints
     their forks against steps and draws scaling.png. Under a cap of 20 forks the 31-step
     tape's uniform schemes never run (a fork an arm is 31): uniform-held's least is shown
-    beyond the grid; the 11-step tape's run at 11."""
+    beyond the grid; the 11-step tape's run at 11. Asked for uniform-held alone, the bench
+    runs no other uniform scheme and prints no column or comparison of theirs."""
     from car_ray.bench import families, plan_scenario
 
     jobs = [ROOT / "jobs" / f"checklist_sparse_{n}" / "job.toml" for n in (10, 30)]
@@ -140,12 +141,15 @@ def test_a_family_of_tape_lengths_gets_forks_against_steps(tmp_path: Any) -> Non
         processes=2,
         out=tmp_path,
         console=Console(file=text, width=200),
+        schemes=["auto", "uniform-held"],
     )
     printed = " ".join(text.getvalue().split())
     assert code == 0, printed
+    assert "uniform-live" not in printed and "other tools use" not in printed
     assert "checklist_sparse: forks against the tape's steps" in printed
     assert "at least 31 (a fork an arm, beyond the grid)" in printed
     assert (tmp_path / "scaling.png").read_bytes().startswith(PNG)
     rows = pq.read_table(tmp_path / "accuracy.parquet").to_pylist()
     held = {r["scenario"] for r in rows if r["scheme"] == "uniform-held"}
     assert held == {"checklist_sparse_10"}
+    assert {r["scheme"] for r in rows} == {"auto", "uniform-held"}
