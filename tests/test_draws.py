@@ -126,16 +126,18 @@ def test_a_draws_seed_rides_in_a_chat_completions_body_and_comes_off_again(data:
     """car-ray appends OpenAI's `seed` to the body as sent; the simulated provider keys its
     answer ids on the body without it, so a draw that lands on the recorded action answers
     byte for byte as the recording did, whatever seed it was drawn with."""
-    from car_ray.providers import with_seed, without_seed
+    from car_ray.providers import seeded_body, unseeded_body
 
-    seeded = with_seed(data, 2**59 + 3)
+    seeded = seeded_body(data, json.loads(data), 2**59 + 3)
     assert json.loads(seeded) == {**json.loads(data), "seed": 2**59 + 3}
-    assert without_seed(seeded, 2**59 + 3) == data.rstrip()
-    assert without_seed(seeded, 4) == seeded  # another seed's body is not this one's
+    assert unseeded_body(seeded, 2**59 + 3) == data.rstrip()
+    assert unseeded_body(seeded, 4) == seeded  # another seed's body is not this one's
     # An agent's own seed is replaced (every draw of a step is its own); not JSON: as it is.
-    own = with_seed(json.dumps({**COIN_BODY, "seed": 42}).encode(), 7)
+    own_body = {**COIN_BODY, "seed": 42}
+    own = seeded_body(json.dumps(own_body).encode(), own_body, 7)
     assert json.loads(own) == {**COIN_BODY, "seed": 7}
-    assert with_seed(b"not json", 7) == b"not json" and with_seed(b"[1]", 7) == b"[1]"
+    assert seeded_body(b"not json", None, 7) == b"not json"
+    assert seeded_body(b"[1]", [1], 7) == b"[1]"
 
 
 def _reask_rows(tmp_path: Path, recorded_on: Draws, asked_on: Draws) -> tuple[bool, bool]:

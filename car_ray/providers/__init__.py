@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ._anthropic import AnthropicMessagesCodec
-from ._openai import OpenAIChatCodec, with_seed, without_seed
+from ._openai import OpenAIChatCodec, seeded_body, unseeded_body
 from ._pricing import DEFAULT_PRICING, Price, PriceTable
 from ._responses import OpenAIResponsesCodec, as_input_items, as_items, response_of
 from ._types import (
@@ -74,8 +74,8 @@ __all__ = [
     "estimate_usage",
     "iter_sse_data",
     "response_of",
-    "with_seed",
-    "without_seed",
+    "seeded_body",
+    "unseeded_body",
 ]
 
 

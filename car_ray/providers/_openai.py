@@ -21,16 +21,12 @@ from ._types import (
 _CREATED = 1_767_225_600  # a fixed timestamp keeps rendered bodies reproducible
 
 
-def with_seed(data: bytes, seed: int) -> bytes:
-    """A chat completion's body with OpenAI's `seed` (best effort: an identical request with
-    the same seed answers the same) set to `seed`. The key is appended to the object as it
-    was sent, every other byte kept, so `without_seed` gives the body back; a body with a
-    `seed` of its own is written anew with it replaced; a body that is not a JSON object is
-    sent as it is."""
-    try:
-        body = json.loads(data)
-    except ValueError:
-        return data
+def seeded_body(data: bytes, body: Any, seed: int) -> bytes:
+    """A chat completion's body (`data`, and `body`, it parsed: None if it is not JSON) with
+    OpenAI's `seed` (best effort: an identical request with the same seed answers the same)
+    set to `seed`. The key is appended to the object as it was sent, every other byte kept,
+    so `unseeded_body` gives the body back; a body with a `seed` of its own is written anew
+    with it replaced; a body that is not a JSON object is sent as it is."""
     if not isinstance(body, dict):
         return data
     if "seed" in body:
@@ -41,8 +37,8 @@ def with_seed(data: bytes, seed: int) -> bytes:
     return head + comma + b'"seed":%d}' % seed
 
 
-def without_seed(data: bytes, seed: int) -> bytes:
-    """The body `with_seed(body, seed)` was made from (`data` itself if it was not)."""
+def unseeded_body(data: bytes, seed: int) -> bytes:
+    """The body `seeded_body` made `data` from with `seed` (`data` itself if it did not)."""
     tail = b'"seed":%d}' % seed
     text = data.rstrip()
     if not text.endswith(tail):

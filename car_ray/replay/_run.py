@@ -40,7 +40,7 @@ from ..providers import (
     codec_for_path,
     estimate_usage,
     response_of,
-    with_seed,
+    seeded_body,
 )
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
 from ._decisions import ACTIONS, Decisions
@@ -771,13 +771,13 @@ class Run:
         trajectory fields and the usage. A fork's call is counted in its spend. The seed goes
         in SEED_HEADER and, to a chat completion, in the body's `seed` too (OpenAI's, best
         effort for an identical request), in place of any the agent set: every draw of a
-        step must be its own (`with_seed`; the tape keeps the agent's body)."""
+        step must be its own (`seeded_body`; the tape keeps the agent's body)."""
         codec = codec_for_path(urlsplit(request.url).path)
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
             (SEED_HEADER, str(seed)),
         )
-        data = with_seed(request.body, seed) if codec is OPENAI else request.body
+        data = seeded_body(request.body, body, seed) if codec is OPENAI else request.body
         wire = WireRequest(request.method, request.url, headers, data)
         if record:
             assert self.upstream is not None  # `_need_upstream` checked it

@@ -26,7 +26,7 @@ from car_ray.providers import (
     ProviderName,
     codec_for_path,
     estimate_usage,
-    without_seed,
+    unseeded_body,
 )
 
 from ._policy import (
@@ -201,7 +201,7 @@ class SimApp:
             distribution = distribution_of(self.policy, request)
             action = self.choose(distribution, seed)
             usage = estimate_usage(request, action)
-            response_id = self._response_id(codec, seed, body, action)
+            response_id = self._response_id(codec, seed, body, request.raw.get("seed"), action)
             rendered = codec.render_response(request, action, usage, response_id)
         except PolicyError as exc:
             self.errors += 1
@@ -279,18 +279,19 @@ class SimApp:
         while len(self._responses) > _KEPT_RESPONSES:
             self._responses.pop(next(iter(self._responses)))
 
-    def _response_id(self, codec: Codec, seed: int | None, body: bytes, action: Action) -> str:
+    def _response_id(
+        self, codec: Codec, seed: int | None, body: bytes, sent: Any, action: Action
+    ) -> str:
         """Seeded: a hash of the request and the action drawn, so a fresh draw that lands on
         the recorded action answers byte for byte as the recording did (and the rest of a
         held fork is served from the tape); unseeded: the server RNG."""
         if seed is None:
             suffix = f"{self._action_rng.getrandbits(96):024x}"
         else:
-            # The body as the agent sent it: the seed car-ray adds for OpenAI is no part of
-            # the request's identity (`without_seed`).
-            if codec is OPENAI:
-                value = json.loads(body).get("seed")
-                body = without_seed(body, value) if isinstance(value, int) else body
+            # The body as the agent sent it: the seed car-ray adds for OpenAI (`sent`, the
+            # body's) is no part of the request's identity (`unseeded_body`).
+            if codec is OPENAI and isinstance(sent, int):
+                body = unseeded_body(body, sent)
             body_digest = hashlib.sha256(body).hexdigest()
             drawn = json.dumps(action.to_json(), sort_keys=True)
             suffix = hashlib.sha256(f"{body_digest}:{drawn}".encode()).hexdigest()[:24]
