@@ -172,6 +172,9 @@ class AnthropicMessagesCodec:
         out.append(sse_event({"type": "message_stop"}, "message_stop"))
         return b"".join(out)
 
+    def answer_ids(self, body: bytes, stream: bool) -> tuple[str, ...]:
+        return tuple(call.id for call in self.parse_response(body, stream)[0].tool_calls)
+
     def parse_response(self, body: bytes, stream: bool) -> tuple[Action, Usage]:
         if not stream:
             try:

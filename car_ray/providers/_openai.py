@@ -194,6 +194,9 @@ class OpenAIChatCodec:
         out.append(sse_event("[DONE]"))
         return b"".join(out)
 
+    def answer_ids(self, body: bytes, stream: bool) -> tuple[str, ...]:
+        return tuple(call.id for call in self.parse_response(body, stream)[0].tool_calls)
+
     def parse_response(self, body: bytes, stream: bool) -> tuple[Action, Usage]:
         if not stream:
             try:

@@ -251,6 +251,13 @@ class OpenAIResponsesCodec:
         emit("response.completed", response=done)
         return b"".join(sse_event(e, e["type"]) for e in events)
 
+    def answer_ids(self, body: bytes, stream: bool) -> tuple[str, ...]:
+        response = response_of(body, stream)
+        out = [str(response.get("id") or "")]
+        for item in response.get("output") or []:
+            out += [str(item.get("id") or ""), str(item.get("call_id") or "")]
+        return tuple(out)
+
     def parse_response(self, body: bytes, stream: bool) -> tuple[Action, Usage]:
         if not stream:
             try:

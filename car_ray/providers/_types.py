@@ -95,6 +95,12 @@ class Codec(Protocol):
 
     def parse_response(self, body: bytes, stream: bool) -> tuple[Action, Usage]: ...
 
+    def answer_ids(self, body: bytes, stream: bool) -> tuple[str, ...]:
+        """The ids an answer issues that an agent may send back in a later request (its
+        tool calls', and a Responses answer's own and its items'), in the answer's order:
+        two answers of one action have them at the same places."""
+        ...
+
 
 def estimate_tokens(text: str) -> int:
     """A deterministic stand-in for a tokenizer: about four characters a token."""

@@ -13,6 +13,7 @@ import builtins
 import hashlib
 import json
 import random
+import re
 import threading
 import time
 import uuid
@@ -315,6 +316,24 @@ def _deviates(entry: dict[str, Any], tape: Tape, decisions: Decisions = ACTIONS)
     )
 
 
+def _own_id(issued: str, key: str) -> str:
+    """An id of car-ray's in place of `issued`: its prefix (`call_`, `toolu_`, ...) and a
+    hash of `key`."""
+    head = re.match(r"[A-Za-z]+[_-]", issued)
+    return (head.group(0) if head else "id_") + sha256_hex(key.encode())[:24]
+
+
+def _renamed(value: Any, names: dict[str, str]) -> Any:
+    """A JSON value with every string that `names` has replaced by its name there."""
+    if isinstance(value, str):
+        return names.get(value, value)
+    if isinstance(value, list):
+        return [_renamed(v, names) for v in value]
+    if isinstance(value, dict):
+        return {key: _renamed(v, names) for key, v in value.items()}
+    return value
+
+
 def _llm_fields(event: LlmEvent) -> dict[str, Any]:
     return {
         "provider": event.provider,
@@ -392,6 +411,9 @@ class Run:
         # for it, the answer's output items, and whether the provider issued that id (and
         # so can resolve it as a `previous_response_id`).
         self._answers: dict[str, tuple[Any, list[Any], bool]] = {}
+        # The ids live answers issued, as the fork reads and sends them (`_read_ids`): a
+        # later request is the recorded one when it is so with them read so.
+        self._ids: dict[str, str] = {}
         self.step = 0
         self.trajectory: list[dict[str, Any]] = []
         self._checked = 0  # trajectory entries `_on_tape` has compared with the tape
@@ -632,7 +654,47 @@ class Run:
         observed = body if body is not None else request.body.decode("utf-8", "replace")
         if digest_of(observed) == recorded.request.sha256:
             return True
-        return self.decisions.by_decision and self._on_tape()
+        if self.decisions.by_decision and self._on_tape():
+            return True
+        return bool(self._ids) and (
+            digest_of(_renamed(observed, self._ids)) == recorded.request.sha256
+        )
+
+    def _read_ids(
+        self, k: int, path: str, body: Any, response: WireResponse, fields: dict[str, Any]
+    ) -> None:
+        """Note the ids a fork's live answer to step k issued as the fork reads and sends
+        them (`_ids`): the tape's answer's, where it took the tape's action; off a provider
+        that couples draws, ids of car-ray's own for any other answer, a function of the
+        step and the action. A real provider issues fresh ids at every answer, its tool
+        calls' among them, and an agent sends them back: without the first, every step
+        after a re-draw that drew the recorded action again would meet a request that
+        differs from the recorded one in those ids alone and draw afresh; without the
+        second, two forks that took the same actions would send a provider requests that
+        differ in them, which it then answers as unrelated requests."""
+        codec = codec_for_path(path)
+        if codec is None or fields["status"] != 200 or fields["action"] is None:
+            return
+        stream = bool(isinstance(body, dict) and body.get("stream"))
+        try:
+            live = codec.answer_ids(response.body, stream)
+        except (ValueError, KeyError, TypeError):
+            return  # an answer whose ids cannot be read keeps its own
+        read: tuple[str, ...] | None = None
+        recorded = self._recorded(k)
+        if isinstance(recorded, LlmEvent) and ACTIONS.same(fields["action"], recorded.action):
+            try:
+                read = codec.answer_ids(recorded.response.body_bytes, recorded.response.stream)
+            except (ValueError, KeyError, TypeError):
+                read = None
+            if read is not None and len(read) != len(live):
+                read = None
+        if read is None:
+            if self.plan.couple is None:
+                return
+            drawn = digest_of(fields["action"])
+            read = tuple(_own_id(a, f"{k}:{drawn}:{i}") for i, a in enumerate(live))
+        self._ids.update((a, b) for a, b in zip(live, read, strict=True) if a and b and a != b)
 
     async def _reask(
         self, k: int, request: WireRequest, body: Any, recorded: Any, iv: Reask
@@ -744,12 +806,23 @@ class Run:
         self, request: WireRequest, body: Any, *, record: bool
     ) -> tuple[WireRequest, Any]:
         """The request as a fork sends it: a Responses conversation spelled out through
-        answers the provider never issued, and a swapped model or endpoint."""
+        answers the provider never issued; to a stateless API (chat completions, messages),
+        the ids the fork's answers issued as it reads them (`_read_ids`), so a provider that
+        replays an identical request with its seed replays it whichever ids its answers
+        drew; and a swapped model or endpoint."""
         codec = codec_for_path(urlsplit(request.url).path)
         if codec is RESPONSES and not record:
             expanded = self._explicit_conversation(body)
             if expanded is not body:
                 body = expanded
+                request = WireRequest(
+                    request.method, request.url, request.headers, canonical_bytes(body)
+                )
+        elif self._ids and not record and body is not None:
+            # (A Responses conversation the provider keeps refers to the ids it issued.)
+            renamed = _renamed(body, self._ids)
+            if renamed != body:
+                body = renamed
                 request = WireRequest(
                     request.method, request.url, request.headers, canonical_bytes(body)
                 )
@@ -848,6 +921,7 @@ class Run:
             llm_entry(k, fields, "rederived" if draw_seed is not None else "live")
         )
         if not record:
+            self._read_ids(k, urlsplit(request.url).path, body, response, fields)
             return response
         text: str | None
         try:
@@ -933,6 +1007,7 @@ class Run:
         chosen = same[0] if (keep and same) or not others else others[0]
         response, fields, _ = answers[chosen]
         self.trajectory.append(llm_entry(k, fields, "coupled"))
+        self._read_ids(k, urlsplit(request.url).path, body, response, fields)
         return response
 
     # -- tool calls ------------------------------------------------------------------

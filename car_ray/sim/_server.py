@@ -84,6 +84,10 @@ class SimApp:
     - `unseeded`, as Anthropic (no seed): every call is a fresh sample, an identical request
       with the recorded seed included.
 
+    `seeded` and `unseeded` answer with fresh ids every time (the response's and its tool
+    calls'), a reproduced answer too, as real providers do; `coupled`'s are a function of the
+    request and the action.
+
     Counters are public attributes.
     """
 
@@ -282,10 +286,14 @@ class SimApp:
     def _response_id(
         self, codec: Codec, seed: int | None, body: bytes, sent: Any, action: Action
     ) -> str:
-        """Seeded: a hash of the request and the action drawn, so a fresh draw that lands on
-        the recorded action answers byte for byte as the recording did (and the rest of a
-        held fork is served from the tape); unseeded: the server RNG."""
-        if seed is None:
+        """`coupled`: a hash of the request and the action drawn, so a fresh draw that lands
+        on the recorded action answers byte for byte as the recording did; `seeded` and
+        `unseeded`: fresh and unique at every answer (the ids of its tool calls too, which
+        the codecs derive from it), as a real provider's are, reproduced answer or not; a
+        coupled request without a seed: the server RNG."""
+        if self.draws != "coupled":
+            suffix = f"{self._unseeded_rng.getrandbits(96):024x}"
+        elif seed is None:
             suffix = f"{self._action_rng.getrandbits(96):024x}"
         else:
             # The body as the agent sent it: the seed car-ray adds for OpenAI (`sent`, the
