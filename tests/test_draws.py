@@ -6,9 +6,11 @@ and holds decisions on a provider that replays nothing."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from car_ray._aio import run
@@ -338,22 +340,56 @@ def _flips_after_step_0_changed(
     return run(go())
 
 
+@pytest.mark.parametrize("share", [0.125, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0])
+def test_a_coupled_steps_keep_chance_is_the_nearest_the_coupling_at_its_worst(share: float) -> None:
+    """`keep_chances` over n = ceil(2 / p) draws (at most 8, as a job takes them): f(0) = 0
+    and f non-decreasing; the chance it keeps d is never further from min(1, p' / p) than
+    the plug-in rule's min(1, X / (n p)) at its worst, checked exactly on a fine grid of p'
+    (finer than the programme's), and at most 70% of it wherever n p > 1; and where the
+    target is linear (p = 1: a step that always made d) it is exact, as the plug-in is."""
+    from scipy.stats import binom
+
+    from car_ray.replay._coupling import keep_chances, worst_bias
+
+    n = min(8, math.ceil(2 / share))
+    f = np.array(keep_chances(n, share))
+    assert f[0] == 0 and np.all(np.diff(f) >= -1e-9)
+    q = np.linspace(0, 1, 4001)
+    pmf = binom.pmf(np.arange(n + 1)[None, :], n, q[:, None])
+    target = np.minimum(1, q / share)
+    ours = np.abs(pmf @ f - target).max()
+    plug_in = np.abs(pmf @ np.minimum(1, np.arange(n + 1) / (n * share)) - target).max()
+    assert ours <= plug_in + 1e-6, (ours, plug_in)
+    assert abs(ours - worst_bias(n, share)) < 5e-3
+    if share == 1.0:
+        assert ours < 1e-6
+    elif n * share > 1:
+        # With a kink inside (0, 1) it is clearly nearer (at n p = 1 the plug-in, keep when
+        # one draw decides d, is the minimax rule).
+        assert ours < 0.7 * plug_in, (ours, plug_in)
+
+
 def test_a_step_that_chose_keeps_its_decision_as_a_maximal_coupling_would() -> None:
     """On a provider that replays no draw, a held step met at a changed request draws live
     (it keeps the recorded decision 20% of the time at step 2 of long_tape, so a change at
     step 0, which matters not at all, flips the outcome 80% of the time: the precursor tie);
     given its recorded decision's share (0.2) it keeps it as a maximal coupling of the
-    recorded and the changed distribution would, estimated from 8 draws: exactly
-    P(min(1, X / 8 / 0.2)) with X ~ Binomial(8, 0.2), 0.707, so 29.3% flip instead of 0 (the
-    coupling itself) or 80% (live). Fixed fork seeds, 100 to 159; the tolerance is 3.5
-    standard errors. (Every fork that changed step 0 sends step 2 one body, so the draws
-    are the provider's hash of that body and the seeds; at seeds 0 to 59 its 480 coupling
-    draws decide 0.10 0.146 of the time, 3 standard errors low, against 0.197 at seeds 60
-    to 399: a fluke of the hash that the rule's rate would inherit.)"""
+    recorded and the changed distribution would, estimated from 8 draws: with the chance
+    `keep_chances` gives X of them deciding it, X ~ Binomial(8, 0.2), which keeps it when
+    one does, 1 - 0.8^8 = 0.832 of the time, so 16.8% flip instead of 0 (the coupling
+    itself) or 80% (live); the plug-in min(1, X / 8 / 0.2) kept it 0.707 of the time. Fixed
+    fork seeds, 100 to 159; the tolerance is 3.5 standard errors. (Every fork that changed
+    step 0 sends step 2 one body, so the draws are the provider's hash of that body and the
+    seeds; at seeds 0 to 59 its 480 coupling draws decide 0.10 0.146 of the time, 3 standard
+    errors low, against 0.197 at seeds 60 to 399: a fluke of the hash that the rule's rate
+    would inherit.)"""
     from scipy.stats import binom
 
-    keep = sum(binom.pmf(x, 8, 0.2) * min(1.0, x / 8 / 0.2) for x in range(9))
-    assert abs(keep - 0.7068) < 1e-3
+    from car_ray.replay._coupling import keep_chances
+
+    f = keep_chances(8, 0.2)
+    keep = sum(binom.pmf(x, 8, 0.2) * f[x] for x in range(9))
+    assert abs(keep - (1 - 0.8**8)) < 1e-3
     for couple, flips, source in (({}, 0.8, "live"), ({2: (0.2, 8)}, 1 - keep, "coupled")):
         changed, flipped, sources = _flips_after_step_0_changed(couple, range(100, 160))
         assert sources == {source}

@@ -44,6 +44,7 @@ from ..providers import (
     seeded_body,
 )
 from ..tape import LlmEvent, Tape, TapeWriter, ToolError, ToolEvent
+from ._coupling import keep_chances
 from ._decisions import ACTIONS, Decisions
 from ._divergence import DivergenceError, json_diff
 from ._interventions import (
@@ -974,12 +975,13 @@ class Run:
         distribution p and the changed one p' keeps the recorded decision d with probability
         min(1, p'(d) / p(d)) and otherwise draws from what p' adds. `share` estimates p(d);
         `draws` calls of the changed request estimate p'(d) as the share of them that decide
-        d; the step keeps d (answering with one of those draws) with probability
-        min(1, that share / `share`), and otherwise answers with a draw that decided
-        otherwise. Every draw is a live call in the fork's spend. What it cannot do: a
-        finite number of draws keeps d a little less often than the coupling would where
-        p'(d) is near p(d) (with 4 draws at p' = p = 0.5, 0.81 of the time against 1), and
-        the other answer is drawn from p', not from what p' adds to p."""
+        d; the step keeps d (answering with one of those draws) with the chance
+        `keep_chances` gives that count, the nearest min(1, p'(d) / `share`) at its worst,
+        and otherwise answers with a draw that decided otherwise. Every draw is a live call
+        in the fork's spend. What it cannot do: a finite number of draws keeps d less often
+        than the coupling would where p'(d) is near p(d) (with 4 draws at p' = p = 0.5,
+        0.89 of the time against 1), and the other answer is drawn from p', not from what
+        p' adds to p."""
         self._need_upstream(k)
         request, body = self._prepared(request, body, record=False)
         self._check_limit(k, body, calls=draws)
@@ -1000,9 +1002,8 @@ class Run:
             for i, (_, fields, _) in enumerate(answers)
             if fields["status"] == 200 and self.decisions.decision(fields["action"]) == decided
         ]
-        keep = random.Random(coupling_seed(self.seed, k, -1)).random() < min(
-            1.0, len(same) / draws / share
-        )
+        chance = keep_chances(draws, share)[len(same)]
+        keep = random.Random(coupling_seed(self.seed, k, -1)).random() < chance
         others = [i for i in range(draws) if i not in same]
         chosen = same[0] if (keep and same) or not others else others[0]
         response, fields, _ = answers[chosen]
