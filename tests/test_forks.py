@@ -132,6 +132,27 @@ def test_observation_replaces_the_injected_tool_result(
     assert_rate(flips, len(results), P_DENY_CLEAN)
 
 
+def test_a_held_tail_after_a_replaced_observation_keeps_no_answer_of_another_context(
+    support_runner: ForkRunner, support_tape: Tape
+) -> None:
+    """Held, the clean order note at step 1 clears the failure in every fork (the coupled
+    provider answers each changed request with its recorded draw's seed, and at the clean
+    note that draw declines): no later model step is served its recorded answer, whose
+    context held the injected note. Over the Responses API a later request can look like its
+    recorded one, its own input the same and its `previous_response_id` naming an answer
+    that took the recorded action; the conversation that id continues is another, so it is
+    never read as the recorded one."""
+    recorded = support_tape.steps[1]
+    clean = {**recorded.result, "notes": ""}  # type: ignore[union-attr]
+    results = forks(
+        support_runner, support_tape, {1: ReplaceObservation(result=clean)}, tail="held"
+    )
+    for row, trajectory in results:
+        assert row.flipped, trajectory
+        later = {e["source"] for e in trajectory[2:] if e["kind"] == "llm"}
+        assert "held" not in later, later
+
+
 def test_action_forces_the_decision_without_a_model_call(
     support_runner: ForkRunner, support_tape: Tape, support_sim: SimServer
 ) -> None:

@@ -665,7 +665,8 @@ class Run:
         self, k: int, path: str, body: Any, response: WireResponse, fields: dict[str, Any]
     ) -> None:
         """Note the ids a fork's live answer to step k issued as the fork reads and sends
-        them (`_ids`): the tape's answer's, where it took the tape's action; off a provider
+        them (`_ids`): the tape's answer's, where it took the tape's action (and, over the
+        Responses API, the run has been the tape's up to it); off a provider
         that couples draws, ids of car-ray's own for any other answer, a function of the
         step and the action. A real provider issues fresh ids at every answer, its tool
         calls' among them, and an agent sends them back: without the first, every step
@@ -683,7 +684,14 @@ class Run:
             return  # an answer whose ids cannot be read keeps its own
         read: tuple[str, ...] | None = None
         recorded = self._recorded(k)
-        if isinstance(recorded, LlmEvent) and ACTIONS.same(fields["action"], recorded.action):
+        # A Responses answer's id names its whole conversation, which the request did not
+        # carry: it is the tape's only where the run has been the tape's so far.
+        whole = codec is not RESPONSES or self._on_tape()
+        if (
+            isinstance(recorded, LlmEvent)
+            and ACTIONS.same(fields["action"], recorded.action)
+            and whole
+        ):
             try:
                 read = codec.answer_ids(recorded.response.body_bytes, recorded.response.stream)
             except (ValueError, KeyError, TypeError):
