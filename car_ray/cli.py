@@ -1269,6 +1269,23 @@ def bench_cmd(
             help="a budget on the grid, F forks a step (repeatable; uniform from F = 1)",
         ),
     ] = None,
+    long_seeds: Annotated[
+        int | None,
+        typer.Option(
+            "--long-seeds",
+            min=0,
+            help="the most seeds a tape over 32 steps runs (default: --seeds; quick 0, or 1 "
+            "when --scenario names it)",
+        ),
+    ] = None,
+    scheme: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--scheme",
+            help="a uniform scheme to run beside auto: uniform-live, uniform-pinned, "
+            "uniform-held (repeatable; default all three)",
+        ),
+    ] = None,
     processes: Annotated[int, typer.Option(min=1, help="worker processes")] = 2,
     out: Annotated[Path, typer.Option(help="folder for accuracy.parquet and accuracy.png")] = Path(
         "benchmarks/results"
@@ -1289,12 +1306,19 @@ def bench_cmd(
 
     if draws not in get_args(Draws):
         raise _fail(f"--draws {draws!r}: expected coupled, seeded or unseeded")
+    uniform = bench.SCHEMES[1:]
+    bad = [s for s in scheme or () if s not in uniform]
+    if bad:
+        raise _fail(f"--scheme {bad[0]!r}: expected one of {', '.join(uniform)}")
+    schemes = ["auto", *(s for s in uniform if s in (scheme or uniform))]
     code = bench.main(
         _scenario_jobs(job_files),
         quick=quick,
         scenarios=scenario,
         seeds=seeds,
         forks_per_step=forks_per_step,
+        long_seeds=long_seeds,
+        schemes=schemes,
         processes=processes,
         out=out,
         console=console,

@@ -153,3 +153,24 @@ def test_a_family_of_tape_lengths_gets_forks_against_steps(tmp_path: Any) -> Non
     held = {r["scenario"] for r in rows if r["scheme"] == "uniform-held"}
     assert held == {"checklist_sparse_10"}
     assert {r["scheme"] for r in rows} == {"auto", "uniform-held"}
+
+
+def test_the_bench_command_runs_the_schemes_and_long_seeds_it_is_given(tmp_path: Any) -> None:
+    """`car-ray bench --scheme S --long-seeds N`: only auto and S run, and a tape over 32
+    steps runs N seeds (jobs/long_tape: 65 steps, 2 seeds given, 1 run); a scheme it does not
+    know is one line naming it."""
+    from typer.testing import CliRunner
+
+    from car_ray.cli import app
+
+    cli = CliRunner()
+    job = str(ROOT / "jobs" / "long_tape" / "job.toml")
+    args = ["bench", job, "--seeds", "2", "--forks-per-step", "1", "--out", str(tmp_path)]
+    result = cli.invoke(app, [*args, "--scheme", "uniform-held", "--long-seeds", "1"])
+    assert result.exit_code == 0, result.output
+    rows = pq.read_table(tmp_path / "accuracy.parquet").to_pylist()
+    assert {r["scheme"] for r in rows} == {"auto", "uniform-held"}
+    assert {r["seed"] for r in rows} == {0}
+    bad = cli.invoke(app, [*args, "--scheme", "uniform-sometimes"])
+    assert bad.exit_code != 0
+    assert "--scheme 'uniform-sometimes': expected one of uniform-live" in bad.output
