@@ -13,8 +13,10 @@ once its request changed: `seeded` keeps its decision as an estimated maximal co
 "off"`).
 
 Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the exact top
-within validate's TIE, or for a control no step's interval above 0), the share that stopped on
-an answer, and the median forks. Figures go to benchmarks/results/draws.json.
+within validate's TIE, or for a control no step's interval above 0), the whole top credited
+(every step of the exact top, both halves of an AND or of an over-determined pair, has its
+phi above every other re-drawn step's; for a control, as top-1), the share that stopped on an
+answer, and the median forks. Figures go to benchmarks/results/draws.json.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
     # The default job: validate's cap (10 forks a step).
     outcome, _ = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
     found, right = top1("auto", outcome.attribution, list(top))
+    whole = whole_top(outcome.attribution, top) if top else right
     return {
         "job": base.folder.name,
         "draws": way,
@@ -68,9 +71,25 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
         "ended": ended(outcome.answer, outcome.status),
         "found": found,
         "right": right,
+        "whole_top": whole,
         "provider_draws": outcome.answer.provider_draws if outcome.answer else None,
         "wall_s": round(time.perf_counter() - began, 2),
     }
+
+
+def whole_top(attribution: list[dict[str, Any]], top: Sequence[int]) -> bool:
+    """Whether every step of the exact top has its phi above SLACK and above every other
+    re-drawn step's by SLACK (a step without a phi, cleared or not measured, counts as 0)."""
+    from car_ray.validate import SLACK
+
+    phi = {
+        int(r["step"]): float(r["phi"] or 0.0)
+        for r in attribution
+        if r["intervention"] == "resample"
+    }
+    lowest = min(phi.get(step, 0.0) for step in top)
+    rest = [v for step, v in phi.items() if step not in top]
+    return lowest > SLACK and all(v < lowest - SLACK for v in rest)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -101,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(title=f"default jobs over {args.seeds} attribution seeds, by provider draws")
     columns = ["scenario", "steps"]
     for draws in ways:
-        columns += [f"{draws} top-1", f"{draws} answered", f"{draws} forks"]
+        columns += [f"{draws} top-1", f"{draws} whole top", f"{draws} answered", f"{draws} forks"]
     for column in columns:
         table.add_column(column, justify="left" if column == "scenario" else "right")
     summary: dict[str, Any] = {}
@@ -113,8 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs = [r for r in results if r["job"] == name and r["draws"] == draws]
             steps = runs[0]["steps"]
             cell = summary[f"{name}/{draws}"] = job_cell(runs)
+            cell["whole_top"] = sum(bool(r["whole_top"]) for r in runs)
             cells += [
                 f"{cell['right']}/{len(runs)}",
+                f"{cell['whole_top']}/{len(runs)}",
                 f"{cell['answered']}/{len(runs)}",
                 f"{cell['median_forks']:g}",
             ]
@@ -124,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = [r for r in results if r["draws"] == draws]
         console.print(
             f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
+            f"the whole top credited in {sum(bool(r['whole_top']) for r in runs)}, "
             f"answered {sum(r['ended'] in ANSWERS for r in runs)}",
             markup=False,
         )

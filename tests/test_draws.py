@@ -591,3 +591,22 @@ def test_the_provider_draws_are_part_of_a_jobs_identity(
     assert job_id_of(off, support_tape) != job_id_of(live, support_tape)
     on_sim = Job(support_job.path, support_job.spec.model_copy(update={"coupling": "off"}))
     assert job_id_of(on_sim, support_tape) != coupled  # a key set away from its default
+
+
+def test_seeds_begun_before_a_choosing_step_was_found_are_left_out() -> None:
+    """A seed keeps the coupling of its first fork. On a provider that replays no draw,
+    overdetermined_noisy (two sufficient leaks, steps 2 and 6, exact phi 0.2113 each) at
+    attribution seed 5 finds step 2 first; its first seeds drew step 6 live wherever step 2
+    had changed its request, so re-drawing step 2 alone cleared the failure whenever 6 then
+    drew otherwise. Counted, they made the job separate step 2 (phi 0.75) with step 6 shown
+    at -0.25. Left out, both halves' intervals cover their exact value and neither is
+    separated from the other."""
+    job, tape = _noisy("overdetermined_noisy", sim_draws="seeded")
+    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 5}))
+    outcome, _ = run_local(job, tape, Budget(max_forks=10 * len(tape.steps)))
+    phi = {r["step"]: r for r in outcome.attribution if r["intervention"] == "resample"}
+    for step in (2, 6):
+        assert phi[step]["phi_lo"] <= 0.2113 <= phi[step]["phi_hi"], phi[step]
+        assert phi[step]["phi_lo"] > 0, phi[step]
+    assert outcome.answer is not None
+    assert not (outcome.answer.kind == "separated" and len(outcome.answer.top) == 1)

@@ -105,10 +105,27 @@ class HeldShapley(BaseStage):
             for fork_seed, k in sorted(screen.probes):
                 if k in shap.candidates and fork_seed >= first:
                     shap.learn_clean(fork_seed - first, [k])
+        # Off a provider that couples draws: the candidates this game keeps as a maximal
+        # coupling would once their requests changed (`_stale`).
+        couple = ctx.seeds.couple
+        self.coupled = frozenset(couple().keys() & set(shap.candidates)) if couple else frozenset()
         for spec, row in ctx.rows.of("shapley", "held"):
-            if self._seed(spec) >= 0:  # not a row of an older car-ray (the screen's seeds)
-                _observe(shap, self._seed(spec), spec, row, learn=ctx.honours_seed)
+            if self._seed(spec) < 0:  # a row of an older car-ray (the screen's seeds)
+                continue
+            if self._stale(spec):
+                shap.failed.add(self._seed(spec))
+                continue
+            _observe(shap, self._seed(spec), spec, row, learn=ctx.honours_seed)
         return shap
+
+    def _stale(self, spec: ForkSpec) -> bool:
+        """Whether a fork's seed plays another game than this one: a seed keeps the coupling
+        of its first fork (`Seeds.fork`), and one begun before the screen found a candidate
+        that chooses drew that candidate live wherever its request had changed. Such a seed
+        is left out (as a failed one is): its draws are of a game in which an earlier step
+        takes the later one's blame (an over-determined pair's first half credited with the
+        whole, the second shown below 0)."""
+        return spec.couple is not None and not self.coupled <= spec.couple.keys()
 
     def _seed(self, spec: ForkSpec) -> int:
         """Which seed of the Shapley stage a fork belongs to."""
@@ -128,6 +145,9 @@ class HeldShapley(BaseStage):
         self.pending.discard((seed, coalition))
         # A probe that left the tape is a step the screen had not found: Shapley starts over.
         probed(self.screen, spec, row)
+        if self._stale(spec):
+            self.shap.failed.add(seed)
+            return
         _observe(self.shap, seed, spec, row, learn=self.ctx.honours_seed)
 
     def unrun(self, spec: ForkSpec) -> None:
