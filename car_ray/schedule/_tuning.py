@@ -75,12 +75,15 @@ RECORD: dict[str, Evidence] = {
         "draws of a changed request a coupled step gets, times its recorded decision's share "
         "(about this many of them make the recorded decision where nothing changed it)",
         "reasoning (no other value tried): where the change left the share p alone, n draws "
-        "keep the decision with probability E[min(1, X / (n p))], X ~ Binomial(n, p): 0.81 "
-        "at p = 0.5 (4 draws), 0.71 at p = 0.2 (8); benchmarks/draws.py --seeds 10 against "
-        "drawing live",
+        "keep the decision with probability E[f(X)], X ~ Binomial(n, p), f the minimax rule "
+        "(replay/_coupling.py): 0.89 at p = 0.5 (4 draws), 0.83 at p = 0.2 (8); with the "
+        "plug-in min(1, X / (n p)) it was 0.81 and 0.71. benchmarks/draws.py --seeds 10 "
+        "against drawing live (plug-in rule, 9c68064); benchmarks/draws.py --seeds 20 --draws "
+        "seeded,unseeded on issue 32's 15 scenarios (minimax rule, fresh ids, 862bcf9)",
         "9c68064",
-        "top-1 right 242 of 250 default jobs against 234 live, answered 159 against 167 "
-        "(overdetermined 4 of 10 against 10), long_tape a median of 49 forks against 83",
+        "plug-in: top-1 right 242 of 250 default jobs against 234 live, answered 159 against "
+        "167, long_tape a median of 49 forks against 83; minimax: top-1 right 298 of 300 "
+        "(seeded) and 294 of 300 (unseeded), long_tape a median of 49 and 53 forks",
     ),
     "COUPLE_MOST": Evidence(
         "most draws of a changed request a coupled step gets",
