@@ -610,3 +610,27 @@ def test_seeds_begun_before_a_choosing_step_was_found_are_left_out() -> None:
         assert phi[step]["phi_lo"] > 0, phi[step]
     assert outcome.answer is not None
     assert not (outcome.answer.kind == "separated" and len(outcome.answer.top) == 1)
+
+
+def test_only_a_seed_that_probed_a_coupled_candidate_without_coupling_it_is_stale() -> None:
+    """`HeldShapley._stale`: a fork that probed step 6 (not yet found) with a coupling that
+    lacks it marks its seed stale once step 6 is a coupled candidate; a fork of a later seed
+    (step 6 re-drawn or held, not probed) is never stale, whatever its coupling, so a share
+    that drifts out of the coupling cannot leave every later seed out; nor is any fork on a
+    provider that couples draws (no coupling at all)."""
+    from types import SimpleNamespace
+
+    from car_ray.replay import Probe
+    from car_ray.schedule.stages._shapley import HeldShapley
+
+    game = SimpleNamespace(coupled=frozenset({6}))
+
+    def spec(plan: dict[int, Any], couple: dict[int, tuple[float, int]] | None) -> ForkSpec:
+        return ForkSpec(tape_id="t" * 64, interventions=plan, tail="held", seed=1, couple=couple)
+
+    probed = {2: Resample(), 6: Probe()}
+    assert HeldShapley._stale(game, spec(probed, {2: (0.35, 6)}))  # type: ignore[arg-type]
+    assert not HeldShapley._stale(game, spec(probed, {2: (0.35, 6), 6: (0.35, 6)}))  # type: ignore[arg-type]
+    assert not HeldShapley._stale(game, spec({2: Resample()}, {}))  # type: ignore[arg-type]
+    assert not HeldShapley._stale(game, spec({6: Resample()}, {}))  # type: ignore[arg-type]
+    assert not HeldShapley._stale(game, spec(probed, None))  # type: ignore[arg-type]

@@ -79,11 +79,11 @@ RECORD: dict[str, Evidence] = {
         "(replay/_coupling.py): 0.89 at p = 0.5 (4 draws), 0.83 at p = 0.2 (8); with the "
         "plug-in min(1, X / (n p)) it was 0.81 and 0.71. benchmarks/draws.py --seeds 10 "
         "against drawing live (plug-in rule, 9c68064); benchmarks/draws.py --seeds 20 --draws "
-        "seeded,unseeded on issue 32's 15 scenarios (minimax rule, fresh ids, 862bcf9)",
+        "seeded,unseeded on issue 32's 15 scenarios (minimax rule, fresh ids, one game a seed)",
         "9c68064",
         "plug-in: top-1 right 242 of 250 default jobs against 234 live, answered 159 against "
         "167, long_tape a median of 49 forks against 83; minimax: top-1 right 298 of 300 "
-        "(seeded) and 294 of 300 (unseeded), long_tape a median of 49 and 53 forks",
+        "(seeded) and 292 of 300 (unseeded), long_tape a median of 48 and 55 forks",
     ),
     "COUPLE_MOST": Evidence(
         "most draws of a changed request a coupled step gets",

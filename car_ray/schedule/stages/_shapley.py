@@ -106,26 +106,32 @@ class HeldShapley(BaseStage):
                 if k in shap.candidates and fork_seed >= first:
                     shap.learn_clean(fork_seed - first, [k])
         # Off a provider that couples draws: the candidates this game keeps as a maximal
-        # coupling would once their requests changed (`_stale`).
+        # coupling would once their requests changed, and the seeds that drew one of them
+        # live (`_stale`).
         couple = ctx.seeds.couple
         self.coupled = frozenset(couple().keys() & set(shap.candidates)) if couple else frozenset()
-        for spec, row in ctx.rows.of("shapley", "held"):
-            if self._seed(spec) < 0:  # a row of an older car-ray (the screen's seeds)
-                continue
-            if self._stale(spec):
+        # (A seed below 0: a row of an older car-ray's screen.)
+        rows = [(sp, r) for sp, r in ctx.rows.of("shapley", "held") if self._seed(sp) >= 0]
+        self.stale = {self._seed(spec) for spec, _ in rows if self._stale(spec)}
+        for spec, row in rows:
+            if self._seed(spec) in self.stale:
                 shap.failed.add(self._seed(spec))
-                continue
-            _observe(shap, self._seed(spec), spec, row, learn=ctx.honours_seed)
+            else:
+                _observe(shap, self._seed(spec), spec, row, learn=ctx.honours_seed)
         return shap
 
     def _stale(self, spec: ForkSpec) -> bool:
-        """Whether a fork's seed plays another game than this one: a seed keeps the coupling
-        of its first fork (`Seeds.fork`), and one begun before the screen found a candidate
-        that chooses drew that candidate live wherever its request had changed. Such a seed
-        is left out (as a failed one is): its draws are of a game in which an earlier step
-        takes the later one's blame (an over-determined pair's first half credited with the
-        whole, the second shown below 0)."""
-        return spec.couple is not None and not self.coupled <= spec.couple.keys()
+        """Whether a fork shows its seed plays another game than this one: it probed a
+        candidate this game couples (the screen had not found it yet) and its seed's
+        coupling, fixed at the seed's first fork (`Seeds.fork`), lacks it. Such a seed drew
+        that candidate live wherever its request had changed, so an earlier step took its
+        blame (an over-determined pair's first half credited with the whole, the second
+        shown below 0); it is left out, as a failed seed is. Seeds begun once it was a
+        candidate never probe it, so they are never left out, whatever coupling the
+        provider's draws give them later."""
+        if spec.couple is None:
+            return False
+        return bool((self.coupled & set(probes_of(spec))) - spec.couple.keys())
 
     def _seed(self, spec: ForkSpec) -> int:
         """Which seed of the Shapley stage a fork belongs to."""
@@ -146,6 +152,8 @@ class HeldShapley(BaseStage):
         # A probe that left the tape is a step the screen had not found: Shapley starts over.
         probed(self.screen, spec, row)
         if self._stale(spec):
+            self.stale.add(seed)
+        if seed in self.stale:
             self.shap.failed.add(seed)
             return
         _observe(self.shap, seed, spec, row, learn=self.ctx.honours_seed)
