@@ -24,17 +24,24 @@ import numpy as np
 _GRID = 401
 
 
+def _chances(draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """The grid of p'(d), and the chance of each count of `draws` draws deciding d at each
+    point of it (grid x (draws + 1))."""
+    from scipy.stats import binom
+
+    q = np.linspace(0.0, 1.0, _GRID)
+    return q, binom.pmf(np.arange(draws + 1)[None, :], draws, q[:, None])
+
+
 @lru_cache(maxsize=256)
 def keep_chances(draws: int, share: float) -> tuple[float, ...]:
     """f(0), ..., f(`draws`): the chance to keep d when x of `draws` draws decided it, for a
     recorded share p(d) = `share` in (0, 1] (see the module)."""
     from scipy.optimize import linprog
-    from scipy.stats import binom
 
     if draws < 1 or not 0.0 < share <= 1.0:
         raise ValueError(f"keep_chances: draws >= 1 and a share in (0, 1], not {draws}, {share}")
-    q = np.linspace(0.0, 1.0, _GRID)
-    chance = binom.pmf(np.arange(draws + 1)[None, :], draws, q[:, None])  # grid x (n + 1)
+    q, chance = _chances(draws)
     target = np.minimum(1.0, q / share)
     width = draws + 2  # f(0..n) and the worst bias t
     ones = np.ones((_GRID, 1))
@@ -56,9 +63,6 @@ def keep_chances(draws: int, share: float) -> tuple[float, ...]:
 def worst_bias(draws: int, share: float) -> float:
     """How far the chance `keep_chances` keeps d can be from min(1, p'(d) / `share`), at its
     worst over p'(d) in [0, 1] (on the module's grid)."""
-    from scipy.stats import binom
-
-    f = np.array(keep_chances(draws, share))
-    q = np.linspace(0.0, 1.0, _GRID)
-    chance = binom.pmf(np.arange(draws + 1)[None, :], draws, q[:, None]) @ f
-    return float(np.abs(chance - np.minimum(1.0, q / share)).max())
+    q, chance = _chances(draws)
+    kept = chance @ np.array(keep_chances(draws, share))
+    return float(np.abs(kept - np.minimum(1.0, q / share)).max())

@@ -677,21 +677,24 @@ class Run:
         codec = codec_for_path(path)
         if codec is None or fields["status"] != 200 or fields["action"] is None:
             return
+        recorded = self._recorded(k)
+        # A Responses answer's id names its whole conversation, which the request did not
+        # carry: it is the tape's only where the run has been the tape's so far.
+        tapes = (
+            isinstance(recorded, LlmEvent)
+            and ACTIONS.same(fields["action"], recorded.action)
+            and (codec is not RESPONSES or self._on_tape())
+        )
+        if not tapes and self.plan.couple is None:
+            return  # the provider couples draws: another answer keeps its ids
         stream = bool(isinstance(body, dict) and body.get("stream"))
         try:
             live = codec.answer_ids(response.body, stream)
         except (ValueError, KeyError, TypeError):
             return  # an answer whose ids cannot be read keeps its own
         read: tuple[str, ...] | None = None
-        recorded = self._recorded(k)
-        # A Responses answer's id names its whole conversation, which the request did not
-        # carry: it is the tape's only where the run has been the tape's so far.
-        whole = codec is not RESPONSES or self._on_tape()
-        if (
-            isinstance(recorded, LlmEvent)
-            and ACTIONS.same(fields["action"], recorded.action)
-            and whole
-        ):
+        if tapes:
+            assert isinstance(recorded, LlmEvent)
             try:
                 read = codec.answer_ids(recorded.response.body_bytes, recorded.response.stream)
             except (ValueError, KeyError, TypeError):
