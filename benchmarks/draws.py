@@ -16,12 +16,14 @@ Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the ex
 within validate's TIE, or for a control no step's interval above 0), the whole top credited
 (every step of the exact top, both halves of an AND or of an over-determined pair, has its
 phi above every other re-drawn step's; for a control, as top-1), the share that stopped on an
-answer, and the median forks. Figures go to benchmarks/results/draws.json.
+answer, and the median forks; and per way the median model calls a job made off the tape
+(live draws, a coupling's draws included). Figures go to benchmarks/results/draws.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -59,7 +61,7 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
     )
     began = time.perf_counter()
     # The default job: validate's cap (10 forks a step).
-    outcome, _ = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
+    outcome, rows = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
     found, right = top1("auto", outcome.attribution, list(top))
     whole = whole_top(outcome.attribution, top) if top else right
     return {
@@ -73,6 +75,8 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
         "right": right,
         "whole_top": whole,
         "provider_draws": outcome.answer.provider_draws if outcome.answer else None,
+        # Model calls a fork made off the tape (live draws, a coupling's draws included).
+        "calls": sum(int(r.get("fresh_draws") or 0) for r in rows),
         "wall_s": round(time.perf_counter() - began, 2),
     }
 
@@ -146,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(
             f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
             f"the whole top credited in {sum(bool(r['whole_top']) for r in runs)}, "
-            f"answered {sum(r['ended'] in ANSWERS for r in runs)}",
+            f"answered {sum(r['ended'] in ANSWERS for r in runs)}, "
+            f"{statistics.median(r['calls'] for r in runs):g} calls off the tape a job "
+            "(median)",
             markup=False,
         )
     figures = {"seeds": args.seeds, "ways": ways, "summary": summary, "runs": results}

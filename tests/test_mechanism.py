@@ -921,13 +921,16 @@ def test_the_seeds_a_test_needs_are_where_its_interval_passes_zero(sample: list[
 def test_decision_shares_count_each_seeds_draw_once_and_size_the_coupling() -> None:
     """A step's draws at its recorded request: counted from forks that re-drew or probed it
     at or before their first deviation, once per fork seed (the forks of a Shapley seed share
-    a step's draw); a step seen to choose gets its share with one draw each way added, and
-    COUPLE_SPAN / share draws of a changed request, at most COUPLE_MOST, if COUPLE_MOST draws
-    would expect to see its recorded decision."""
+    a step's draw); a step seen to choose, whose recorded decision COUPLE_MOST draws would
+    expect to see (its share with one draw each way added), is coupled at its share read
+    low (the `lower` quantile of Beta(kept + 1/2, left + 1/2), at least 1 / most), with
+    COUPLE_SPAN / that share draws of a changed request, at most COUPLE_MOST."""
+    from scipy.stats import beta
+
     from car_ray.replay import Probe
     from car_ray.schedule.estimators import DecisionShares
 
-    shares = DecisionShares(most=8, span=2.0)
+    shares = DecisionShares(most=8, span=2.0, lower=0.2)
 
     def spec(seed: int, redrawn: list[int], probed: tuple[int, ...] = ()) -> ForkSpec:
         plan: dict[int, Any] = {k: Resample() for k in redrawn} | {k: Probe() for k in probed}
@@ -939,16 +942,54 @@ def test_decision_shares_count_each_seeds_draw_once_and_size_the_coupling() -> N
     shares.observe(spec(3, [0], probed=(2,)), None)  # 0 and 2 kept
     assert dict(shares.kept) == {2: 2, 0: 1} and dict(shares.left) == {4: 1, 2: 1}
     assert shares.share(2) == 3 / 5 and shares.share(4) == 1 / 3
-    assert shares.coupling() == {2: (0.6, 4), 4: (round(1 / 3, 6), 6)}
-    for seed in range(100, 104):  # a step that seldom keeps its decision: at most 8 draws
+    low2 = float(beta.ppf(0.2, 2.5, 1.5))
+    assert 0.4 < low2 < shares.share(2)
+    # Step 4 never kept its decision: read low, its share is at the floor 1 / 8.
+    assert shares.low_share(4) == 1 / 8
+    assert shares.coupling() == {2: (round(low2, 6), 5), 4: (0.125, 8)}
+    for seed in range(100, 104):  # seldom kept, and never: at most 8 draws
         shares.observe(spec(seed, [4]), 4)
-    assert shares.share(4) == 1 / 7 and shares.coupling()[4] == (round(1 / 7, 6), 8)
+    assert shares.share(4) == 1 / 7 and shares.coupling()[4] == (0.125, 8)
     # Rarer still (its words, say, of a model that never repeats them): 8 draws could not
     # tell its share, and it draws live.
     shares.observe(spec(104, [4]), 4)
     shares.observe(spec(105, [4]), 4)
     assert shares.share(4) == 1 / 9
     assert 4 not in shares.coupling() and 2 in shares.coupling()
+
+
+def test_a_share_read_low_keeps_a_decision_its_changed_request_left_alone() -> None:
+    """Where a change of request left a decision's share p alone, the maximal coupling keeps
+    it always. Averaged over the 8 observations of p a job may have had (exactly, over
+    their binomial), the estimated coupling at the share read low keeps it at least 0.88 of
+    the time at p 0.3 and 0.5, and 0.05 more often than at the plain estimate (0.82 and
+    0.88); where the change halved p it keeps it at most 0.75 of the time (the coupling:
+    0.5)."""
+    from scipy.stats import binom
+
+    from car_ray.replay._coupling import keep_chances
+    from car_ray.schedule.estimators import DecisionShares
+
+    def kept(p: float, p_new: float, low: bool) -> float:
+        total = weight = 0.0
+        for k in range(8):  # k of 8 kept; 8 of 8: not seen to choose, not coupled
+            shares = DecisionShares(most=8, span=2.0, lower=0.2)
+            shares.kept[0], shares.left[0] = k, 8 - k
+            if 0 not in shares.coupling():
+                continue
+            share, draws = shares.coupling()[0]
+            if not low:  # the recorded share as estimated, and its draws
+                share = shares.share(0)
+                draws = min(8, math.ceil(2.0 / share))
+            f = keep_chances(draws, round(share, 6))
+            chance = sum(binom.pmf(x, draws, p_new) * f[x] for x in range(draws + 1))
+            total += float(binom.pmf(k, 8, p)) * chance
+            weight += float(binom.pmf(k, 8, p))
+        return total / weight
+
+    for p in (0.3, 0.5):
+        assert kept(p, p, low=True) >= max(0.88, kept(p, p, low=False) + 0.05), p
+        assert 0.5 < kept(p, p / 2, low=True) <= 0.75, p
 
 
 def test_a_forks_coupling_is_not_part_of_its_identity() -> None:

@@ -984,15 +984,15 @@ class Run:
         """A held step that chose at its recorded request, met at a changed one, where the
         provider cannot replay a draw (`Plan.couple`). A maximal coupling of the recorded
         distribution p and the changed one p' keeps the recorded decision d with probability
-        min(1, p'(d) / p(d)) and otherwise draws from what p' adds. `share` estimates p(d);
-        `draws` calls of the changed request estimate p'(d) as the share of them that decide
-        d; the step keeps d (answering with one of those draws) with the chance
-        `keep_chances` gives that count, the nearest min(1, p'(d) / `share`) at its worst,
-        and otherwise answers with a draw that decided otherwise. Every draw is a live call
-        in the fork's spend. What it cannot do: a finite number of draws keeps d less often
-        than the coupling would where p'(d) is near p(d) (with 4 draws at p' = p = 0.5,
-        0.89 of the time against 1), and the other answer is drawn from p', not from what
-        p' adds to p."""
+        min(1, p'(d) / p(d)) and otherwise draws from what p' adds. `share` is p(d) read low
+        (`DecisionShares.low_share`); `draws` calls of the changed request estimate p'(d) as
+        the share of them that decide d; the step keeps d (answering with one of those draws)
+        with the chance `keep_chances` gives that count, the nearest min(1, p'(d) / `share`)
+        at its worst, and otherwise answers with a draw that decided otherwise. Every draw is
+        a live call in the fork's spend. What it cannot do: a finite number of draws keeps d
+        less often than the coupling would where p'(d) is near p(d) (with 4 draws at p' = p
+        = 0.5, 0.89 of the time against 1), and the other answer is drawn from p', not from
+        what p' adds to p."""
         self._need_upstream(k)
         request, body = self._prepared(request, body, record=False)
         self._check_limit(k, body, calls=draws)

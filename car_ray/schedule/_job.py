@@ -43,7 +43,7 @@ from ._table import (
     held_notes,
     measured_answer,
 )
-from ._tuning import COUPLE_MOST, COUPLE_SPAN, FAILED_SHARE, LEARN_AFTER
+from ._tuning import COUPLE_LOWER, COUPLE_MOST, COUPLE_SPAN, FAILED_SHARE, LEARN_AFTER
 from .estimators import DecisionShares
 from .rules import NarrowingWindow, SignAndT, earlier_if_blameless
 from .stages import UNSCORED, Lead, Next, Stage
@@ -163,7 +163,7 @@ class Scheduler:
         honours_seed = (
             self.spec.provider.base_url is None and self.spec.provider.sim_draws == "coupled"
         )
-        self.shares = DecisionShares(most=COUPLE_MOST, span=COUPLE_SPAN)
+        self.shares = DecisionShares(most=COUPLE_MOST, span=COUPLE_SPAN, lower=COUPLE_LOWER)
         couple: Callable[[], dict[int, tuple[float, int]]] | None = None
         if not honours_seed:
             estimated = self.spec.coupling == "estimated"

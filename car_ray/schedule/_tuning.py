@@ -48,6 +48,7 @@ ARM_FORKS = 8
 DRAWS_STEPS = 3
 COUPLE_SPAN = 2.0
 COUPLE_MOST = 8
+COUPLE_LOWER = 0.2
 # -- budgets, reservations and the run loop -------------------------------------------------------
 DEFAULT_FORKS_PER_STEP = 10
 DEFAULT_MAX_FORKS = 2000
@@ -84,6 +85,18 @@ RECORD: dict[str, Evidence] = {
         "plug-in: top-1 right 242 of 250 default jobs against 234 live, answered 159 against "
         "167, long_tape a median of 49 forks against 83; minimax: top-1 right 298 of 300 "
         "(seeded) and 292 of 300 (unseeded), long_tape a median of 48 and 55 forks",
+    ),
+    "COUPLE_LOWER": Evidence(
+        "the quantile of a recorded decision's share (Jeffreys posterior) the estimated "
+        "coupling reads it at (`DecisionShares.low_share`)",
+        "exact chances (keep chance where a change left the share p alone, averaged over "
+        "8 observations of it: p 0.3: 0.82 at the Laplace estimate, 0.92 at quantile 0.1, "
+        "0.90 at 0.2, 0.83 at 0.5; where it halved p, against 0.5: 0.56, 0.67 at 0.2); "
+        "benchmarks/draws.py --seeds 20 --draws seeded,unseeded on issue 32's 15 scenarios",
+        "this commit (was the Laplace estimate)",
+        "and_conj seeded: step 0 (exact 0) flips 7 of 105 forks against 20 of 105; the whole "
+        "top credited 297 of 300 (seeded) and 294 (unseeded) against 292 and 282, top-1 "
+        "299 and 296 against 298 and 292",
     ),
     "COUPLE_MOST": Evidence(
         "most draws of a changed request a coupled step gets",

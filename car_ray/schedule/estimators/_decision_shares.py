@@ -20,6 +20,7 @@ class DecisionShares:
 
     most: int
     span: float
+    lower: float
     kept: Counter[int] = field(default_factory=Counter)
     left: Counter[int] = field(default_factory=Counter)
     seen: set[tuple[int, int]] = field(default_factory=set)
@@ -45,16 +46,29 @@ class DecisionShares:
         never to make its recorded decision)."""
         return (self.kept[k] + 1) / (self.kept[k] + self.left[k] + 2)
 
+    def low_share(self, k: int) -> float:
+        """The recorded decision's share of step k's draws, read low: the `lower` quantile of
+        its Jeffreys posterior Beta(kept + 1/2, left + 1/2), at least 1 / `most`. The
+        coupling keeps d with chance min(1, p'(d) / share): a share read too high makes a
+        step whose changed request left its share alone draw afresh, and hands blame to
+        every harmless step before it (the precursor tie the held game removes); read low,
+        the error falls on keeping d where a change lowered its share a little."""
+        from scipy.stats import beta
+
+        low = float(beta.ppf(self.lower, self.kept[k] + 0.5, self.left[k] + 0.5))
+        return max(low, 1.0 / self.most)
+
     def coupling(self) -> dict[int, tuple[float, int]]:
         """Every step seen to choose otherwise at its recorded request whose recorded
-        decision `most` draws would expect to see at least once: its share and the draws a
-        changed request gets, `span` / share of them (about `span` expected draws of the
-        recorded decision where the change left its share alone), at most `most`. A step
-        whose recorded decision is rarer (its words, where a job holds whole actions of a
-        model that never repeats them) draws live: its draws could not tell its share."""
+        decision `most` draws would expect to see at least once (`share`): its share read
+        low (`low_share`) and the draws a changed request gets, `span` / that share of them
+        (about `span` expected draws of the recorded decision where the change left its
+        share alone), at most `most`. A step whose recorded decision is rarer (its words,
+        where a job holds whole actions of a model that never repeats them) draws live:
+        its draws could not tell its share."""
         out: dict[int, tuple[float, int]] = {}
         for k in sorted(self.left):
-            share = self.share(k)
-            if share * self.most >= 1:
-                out[k] = (round(share, 6), min(self.most, math.ceil(self.span / share)))
+            if self.share(k) * self.most >= 1:
+                low = self.low_share(k)
+                out[k] = (round(low, 6), min(self.most, math.ceil(self.span / low)))
         return out
