@@ -240,10 +240,33 @@ def test_the_draws_stage_asks_the_last_model_steps_until_one_tells(
     support_job: Job, support_tape: Any
 ) -> None:
     model = [k for k, e in enumerate(support_tape.steps) if e.type == "llm"][::-1]
-    # Replays: the recorded seed answers as the tape, a fresh one otherwise: two forks.
-    asked, result = _drive_draws(support_job, support_tape, {"recorded": [True], "fresh": [False]})
-    assert asked == [model[0]] * 2 and (result.draws, result.reasks) == ("replays", 2)
+    # Replays: the recorded seed answers as the tape, a fresh one otherwise, twice at the
+    # step (once is a vote a provider replaying nothing gives a quarter of the time): four.
+    asked, result = _drive_draws(
+        support_job, support_tape, {"recorded": [True, True], "fresh": [False, False]}
+    )
+    assert asked == [model[0]] * 4 and (result.draws, result.reasks) == ("replays", 4)
     assert result.notes[0].severity == "info"
+    # One vote, then the recorded seed answers otherwise at the same step: it replays nothing.
+    asked, result = _drive_draws(
+        support_job, support_tape, {"recorded": [True, False], "fresh": [False, False]}
+    )
+    assert asked == [model[0]] * 4 and result.draws == "fresh"
+    # One vote, then both answer alike: the next step is asked, and one vote there is two.
+    asked, result = _drive_draws(
+        support_job,
+        support_tape,
+        {"recorded": [True, True, True], "fresh": [False, True, False]},
+    )
+    assert asked == [model[0]] * 4 + [model[1]] * 2 and result.draws == "replays"
+    # A single vote before the steps run out does not tell.
+    asked, result = _drive_draws(
+        support_job,
+        support_tape,
+        {"recorded": [True, True, True, True], "fresh": [False, True, True, True]},
+    )
+    assert asked == [model[0]] * 4 + [model[1]] * 2 + [model[2]] * 2
+    assert result.draws == "unknown"
     # Replays nothing: the recorded seed answers otherwise.
     _, result = _drive_draws(support_job, support_tape, {"recorded": [False], "fresh": [False]})
     assert result.draws == "fresh" and result.notes[0].severity == "warning"
@@ -255,9 +278,9 @@ def test_the_draws_stage_asks_the_last_model_steps_until_one_tells(
     assert asked == [k for k in model[:3] for _ in range(2)]
     assert (result.draws, result.reasks) == ("unknown", 6)
     asked, result = _drive_draws(
-        support_job, support_tape, {"recorded": [True, True], "fresh": [True, False]}
+        support_job, support_tape, {"recorded": [True, True, True], "fresh": [True, False, False]}
     )
-    assert result.draws == "replays" and asked == [model[0]] * 2 + [model[1]] * 2
+    assert result.draws == "replays" and asked == [model[0]] * 2 + [model[1]] * 4
 
 
 def _noisy(name: str, **provider: Any) -> tuple[Job, Any]:
@@ -537,8 +560,10 @@ def test_the_draws_stage_skips_steps_that_continue_a_recorded_answer_and_settles
     ever sent as recorded, so only it is re-asked. A re-ask the budget refused leaves the
     finding to the one that ran."""
     job, tape = _job_and_tape("jobs/support_refund_responses/job.toml")
-    asked, result = _drive_draws(job, tape, {"recorded": [True], "fresh": [False]})
-    assert asked == [0, 0] and result.draws == "replays"
+    asked, result = _drive_draws(job, tape, {"recorded": [True, True], "fresh": [False, False]})
+    assert asked == [0] * 4 and result.draws == "replays"
+    asked, result = _drive_draws(job, tape, {"recorded": [True, True], "fresh": [False, True]})
+    assert asked == [0] * 4 and result.draws == "unknown"
     # The fresh re-ask never runs: the recorded one's answer (not the tape's) decides.
     ctx = _context(job, tape)
     stage = ProviderDraws(ctx)

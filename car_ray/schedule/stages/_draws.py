@@ -23,8 +23,9 @@ _MEANING = {
     "changed request is a new sample",
     "fresh": "it answered a recorded request, re-asked with its recorded seed, otherwise than "
     "the tape: no draw is replayed",
-    "unknown": "every step re-asked answered the same to the recorded seed and a fresh one, "
-    "so whether it replays a draw is not known; the job assumes it does not",
+    "unknown": "no step re-asked told it twice (the recorded seed answering as recorded "
+    "where a fresh one did not), so whether it replays a draw is not known; the job assumes "
+    "it does not",
     "unsent": "car-ray gives its seed to the simulated provider only (in a header no API "
     "reads), so a live provider draws every re-asked request afresh",
 }
@@ -40,17 +41,21 @@ class ProviderDraws(BaseStage):
     real one does (`sim_draws` seeded or unseeded) re-asks a model step's recorded request
     twice (`Reask`), with the recorded draw's seed and with a fresh one, the last model step
     first (never one whose request continues a recorded Responses answer) and at most
-    DRAWS_STEPS steps: the recorded seed answering word for word where the fresh one does
-    not is a provider that replays draws (`replays`); the recorded seed answering otherwise,
-    one that does not (`fresh`); a step that answers the same to both says nothing (it may
-    not vary), and the next earlier one is asked. A job on a live provider (`base_url`) asks
-    nothing: car-ray's seed is a header only the simulated provider reads, so its draws are
-    `fresh`. Either way the job computes the same thing: a held step keeps its recorded
-    answer while its request is the recorded one; once it changed (no provider but the
-    coupled simulated one lands a changed request on the recorded draw's point) a step seen
-    to choose keeps its decision as an estimated maximal coupling would (`coupling`
-    "estimated", `replay.Run._coupled`) and any other draws live; the finding goes into the
-    answer and the verdict says so. Hands back `DrawsResult`."""
+    DRAWS_STEPS steps: the recorded seed answering otherwise than the tape is a provider that
+    does not replay draws (`fresh`); the recorded seed answering word for word where the
+    fresh one does not is a vote for one that does, and the same step is asked again: two
+    votes are a provider that replays draws (`replays`). One vote is not: a provider that
+    replays nothing gives one by chance where the recorded answer is likely (a step whose
+    recorded answer has probability p votes with probability p (1 - p), up to 1/4). A step
+    that answers the same to both says nothing (it may not vary), and the next earlier one
+    is asked. A job on a live provider (`base_url`) asks nothing: car-ray's seed is a
+    header only the simulated provider reads, so its draws are `fresh`. Either way the job
+    computes the same thing: a held step keeps its recorded answer while its request is the
+    recorded one; once it changed (no provider but the coupled simulated one lands a
+    changed request on the recorded draw's point) a step seen to choose keeps its decision
+    as an estimated maximal coupling would (`coupling` "estimated", `replay.Run._coupled`)
+    and any other draws live; the finding goes into the answer and the verdict says so.
+    Hands back `DrawsResult`."""
 
     name = "draws"
 
@@ -69,6 +74,8 @@ class ProviderDraws(BaseStage):
         self._pending: dict[str, str] = {}  # task id -> "recorded" | "fresh"
         self._answers: dict[str, bool | None] = {}
         self._asked = 0
+        self._votes = 0  # steps' re-asks that answered as a provider replaying draws would
+        self._step: tuple[int, int] | None = None  # the step asked and its round there
         self._found: str | None = None if self._steps else "unknown"
         if self._unsent:
             # No seed reaches it: a re-ask could only show chance, at a price.
@@ -77,13 +84,15 @@ class ProviderDraws(BaseStage):
 
     def suggest(self, room: int) -> list[Fork] | None:
         if not self._queue and not self._pending:
-            if self._found is not None or not self._steps:
+            if self._found is not None or (self._step is None and not self._steps):
                 return None
-            k = self._steps.popleft()
+            if self._step is None:
+                self._step = (self._steps.popleft(), 0)
+            k, again = self._step
             self._answers = {}
             for j, seed in enumerate(("recorded", "fresh")):
                 plan: dict[int, Intervention] = {k: Reask(seed=seed)}
-                spec = self.ctx.seeds.fork("draws", f"reask@{k}", plan, "held", j)
+                spec = self.ctx.seeds.fork("draws", f"reask@{k}", plan, "held", 2 * again + j)
                 self._pending[spec.task_id] = seed
                 self._queue.append(("draws", spec))
         given: list[Fork] = []
@@ -108,10 +117,15 @@ class ProviderDraws(BaseStage):
         if self._pending or self._queue:
             return
         recorded, fresh = self._answers.get("recorded"), self._answers.get("fresh")
+        asked, self._step = self._step, None
         if recorded is False:
             self._found = "fresh"
         elif recorded and fresh is False:
-            self._found = "replays"
+            self._votes += 1
+            if self._votes >= 2:
+                self._found = "replays"
+            elif asked is not None:
+                self._step = (asked[0], asked[1] + 1)  # the same step again
         # Both the same, or a re-ask that never answered: the next step is asked.
 
     def done(self, exhausted: bool) -> Next:
@@ -145,4 +159,4 @@ class ProviderDraws(BaseStage):
         return (DrawsResult(found, self._asked, (note,)),)
 
     def state(self) -> dict[str, Any]:
-        return {"reasks": self._asked, "found": self._found}
+        return {"reasks": self._asked, "votes": self._votes, "found": self._found}
