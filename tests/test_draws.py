@@ -659,3 +659,112 @@ def test_only_a_seed_that_probed_a_coupled_candidate_without_coupling_it_is_stal
     assert not HeldShapley._stale(game, spec({2: Resample()}, {}))  # type: ignore[arg-type]
     assert not HeldShapley._stale(game, spec({6: Resample()}, {}))  # type: ignore[arg-type]
     assert not HeldShapley._stale(game, spec(probed, None))  # type: ignore[arg-type]
+
+
+def test_shared_draws_answer_a_call_once_and_share_no_failure() -> None:
+    """`SharedDraws`: calls with one key in flight at once make one call and get its answer;
+    a later one gets it too; an answer that is not a 200 and a call that raised are not
+    kept (a fork waiting on a call that raised makes its own); past its size the oldest
+    answer goes first."""
+    import asyncio
+
+    from car_ray.replay._shared import SharedDraws, draw_key
+    from car_ray.replay._upstream import WireResponse
+
+    calls: list[str] = []
+
+    def answering(name: str, status: int = 200, size: int = 10) -> Any:
+        async def call() -> WireResponse:
+            calls.append(name)
+            await asyncio.sleep(0.01)
+            return WireResponse(status, (), name.encode().ljust(size))
+
+        return call
+
+    async def failing() -> WireResponse:
+        calls.append("boom")
+        await asyncio.sleep(0.01)
+        raise ConnectionError("provider went away")
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "model": "m"}
+    reordered = {"model": "m", "messages": [{"content": "hi", "role": "user"}]}
+    a = draw_key(7, "http://x/v1/chat/completions", body, b"")
+    assert draw_key(7, "http://x/v1/chat/completions", reordered, b"{}") == a
+    assert draw_key(8, "http://x/v1/chat/completions", body, b"") != a
+
+    async def go() -> None:
+        shared = SharedDraws(most_bytes=25)
+        got = await asyncio.gather(*(shared.draw(a, answering(f"a{i}")) for i in range(3)))
+        assert calls == ["a0"] and [r.body.strip() for r, _ in got] == [b"a0"] * 3
+        assert [hit for _, hit in got] == [False, True, True]
+        assert (await shared.draw(a, answering("late")))[0].body.strip() == b"a0"
+        # A 500 is its own fork's answer and is not kept.
+        b = draw_key(1, "u", None, b"b")
+        assert (await shared.draw(b, answering("b500", 500)))[1] is False
+        assert (await shared.draw(b, answering("b")))[0].body.strip() == b"b"
+        # A call that raised: its caller sees it, a fork waiting on it calls itself.
+        c = draw_key(2, "u", None, b"c")
+        first = asyncio.ensure_future(shared.draw(c, failing))
+        await asyncio.sleep(0)
+        waiter = asyncio.ensure_future(shared.draw(c, answering("c")))
+        with pytest.raises(ConnectionError):
+            await first
+        assert (await waiter) == (WireResponse(200, (), b"c".ljust(10)), False)
+        # 25 bytes hold two answers of 10: a, b and c were kept, a (the oldest used) went.
+        calls.clear()
+        assert (await shared.draw(c, answering("c2")))[1] is True
+        assert (await shared.draw(a, answering("a2")))[0].body.strip() == b"a2"
+        assert calls == ["a2"]
+
+    run(go())
+
+
+def test_the_forks_of_a_seed_share_a_draw_on_a_provider_that_replays_none(
+    tmp_path: Path,
+) -> None:
+    """jobs/echo_noisy recorded on an unseeded provider (every step worded several ways),
+    its first model step re-drawn by two forks of one seed: off the coupled provider (a
+    fork with a coupling, `couple`) they draw it alike in every one of 12 seeds, and the
+    second does not pay for it; without sharing (`couple` None) they differ in some."""
+    job, _ = _job_and_tape("jobs/echo_noisy/job.toml")
+
+    async def go() -> tuple[int, int, list[int]]:
+        with SimServer(job.load("policy"), draws="unseeded") as sim:
+            tape, _ = await record(
+                job.load("agent"),
+                job.spec.agent,
+                job.spec.input,
+                tmp_path / "unseeded.tape",
+                base_urls=BaseUrls.for_server(sim.url),
+                seed=job.spec.seed,
+            )
+            step = next(k for k, e in enumerate(tape.steps) if e.type == "llm")
+            runner = http_runner(job.load("agent"), job.load("scorer"), sim, tape)
+            try:
+                alike = {True: 0, False: 0}
+                second_tokens: list[int] = []
+                for share in (True, False):
+                    for seed in range(12):
+                        spec = ForkSpec(
+                            tape_id=tape.tape_id,
+                            interventions={step: Resample()},
+                            tail="held",
+                            seed=seed,
+                            couple={} if share else None,
+                        )
+                        words = []
+                        for _ in range(2):
+                            row, trajectory = await runner.fork(spec)
+                            assert row.status in ("ok", "blocked_effect"), row
+                            (entry,) = [e for e in trajectory if e["step"] == step]
+                            words.append(json.dumps(entry["action"], sort_keys=True))
+                        alike[share] += words[0] == words[1]
+                        if share:
+                            second_tokens.append(row.tokens_in)
+            finally:
+                await runner.aclose()
+        return alike[True], alike[False], second_tokens
+
+    shared, unshared, second_tokens = run(go())
+    assert shared == 12 and unshared < 12, (shared, unshared)
+    assert all(t == 0 for t in second_tokens), second_tokens

@@ -41,6 +41,7 @@ from ._run import (
     recorded_responses,
     recorded_trajectory,
 )
+from ._shared import SharedDraws
 from ._tripwire import tripwire
 from ._upstream import AiohttpUpstream, Upstream
 
@@ -382,6 +383,8 @@ class ForkRunner:
         )
         self._tapes: dict[str, Tape] = {}
         self._recorded_outcomes: dict[str, float] = {}
+        # Off the coupled simulator, forks of a seed share their fresh draws.
+        self.shared = SharedDraws()
 
     def add_tape(self, tape: Tape) -> str:
         tape.require_sealed()
@@ -529,6 +532,8 @@ class ForkRunner:
             prices=self._engine.prices,
             limit=limit,
             decisions=self.decisions,
+            # `couple` is None where the provider couples draws itself.
+            shared=self.shared if spec.couple is not None else None,
         )
         outcome = await self._engine.execute(run, tape.header.input)
         status: Status = "ok"

@@ -57,6 +57,7 @@ from ._interventions import (
     Resample,
     SwapPolicy,
 )
+from ._shared import SharedDraws, draw_key
 from ._upstream import Upstream, WireRequest, WireResponse
 
 log = structlog.get_logger("car_ray.replay")
@@ -387,6 +388,7 @@ class Run:
         prices: PriceTable | None = None,
         limit: SpendLimit | None = None,
         decisions: Decisions = ACTIONS,
+        shared: SharedDraws | None = None,
     ) -> None:
         if (tape is None) == (writer is None):
             raise ValueError("a run either records (writer) or replays a tape (tape), not both")
@@ -399,6 +401,9 @@ class Run:
         self.base_urls = base_urls or {}
         self.prices = prices or PriceTable()
         self.decisions = decisions
+        # A fork seed's fresh draws, shared with the seed's other forks in this process
+        # (`SharedDraws`); None: every call is sent.
+        self.shared = shared
         self.recorded_steps = tape.steps if tape is not None else []
         # The recording's seed: a held step whose request changed is answered again with the
         # recorded draw's randomness (None: unknown, so such a step draws fresh).
@@ -717,7 +722,7 @@ class Run:
         seed = None
         if iv.seed == "recorded" and self.recorded_seed is not None:
             seed = step_seed(self.recorded_seed, k)
-        response = await self._live(k, request, body, draw_seed=seed)
+        response = await self._live(k, request, body, draw_seed=seed, share=False)
         entry = self.trajectory[-1]
         # An error answer says nothing about the provider's draws.
         self.reproduced = entry.get("action") == recorded.action if entry["status"] == 200 else None
@@ -850,13 +855,23 @@ class Run:
         return request, body
 
     async def _call(
-        self, k: int, request: WireRequest, body: Any, seed: int, *, record: bool = False
+        self,
+        k: int,
+        request: WireRequest,
+        body: Any,
+        seed: int,
+        *,
+        record: bool = False,
+        share: bool = False,
     ) -> tuple[WireResponse, dict[str, Any], Usage]:
         """Send one prepared call with `seed` and read its answer: the response, the
         trajectory fields and the usage. A fork's call is counted in its spend. The seed goes
         in SEED_HEADER and, to a chat completion, in the body's `seed` too (OpenAI's, best
         effort for an identical request), in place of any the agent set: every draw of a
-        step must be its own (`seeded_body`; the tape keeps the agent's body)."""
+        step must be its own (`seeded_body`; the tape keeps the agent's body). With `share`
+        (a fresh draw), a call another fork of the seed made with the same seed and bytes is
+        answered as it was (`SharedDraws`), and not paid for again; a Responses call never
+        is (the provider keeps its conversation by the ids it issued)."""
         codec = codec_for_path(urlsplit(request.url).path)
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
@@ -864,9 +879,13 @@ class Run:
         )
         data = seeded_body(request.body, body, seed) if codec is OPENAI else request.body
         wire = WireRequest(request.method, request.url, headers, data)
+        drawn = False  # answered with a draw another fork paid for
         if record:
             assert self.upstream is not None  # `_need_upstream` checked it
             response = await self.upstream.send(wire)
+        elif share and self.shared is not None and codec is not RESPONSES:
+            key = draw_key(seed, request.url, body, data)
+            response, drawn = await self.shared.draw(key, lambda: self._send_fork_call(k, wire))
         else:
             response = await self._send_fork_call(k, wire)
         stream = bool(isinstance(body, dict) and body.get("stream"))
@@ -893,6 +912,8 @@ class Run:
             "status": response.status,
             "action": action.to_json() if action else None,
         }
+        if drawn:
+            return response, fields, usage
         self.spend.retries += response.retries
         if not record:
             self.spend.tail_calls += 1
@@ -914,9 +935,12 @@ class Run:
         *,
         record: bool = False,
         draw_seed: int | None = None,
+        share: bool = True,
     ) -> WireResponse:
         """One call to the provider. Recording draws with the recording's seed; a fork draws
-        fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's."""
+        fresh (`fresh_seed`) unless `draw_seed` holds the recorded draw's. A fresh draw is
+        shared with the seed's other forks unless `share` is False (a `Reask` asks the
+        provider itself)."""
         self._need_upstream(k)
         request, body = self._prepared(request, body, record=record)
         if record:
@@ -928,7 +952,9 @@ class Run:
             self.fresh_draws += 1
         if not record:
             self._check_limit(k, body)
-        response, fields, usage = await self._call(k, request, body, seed, record=record)
+        response, fields, usage = await self._call(
+            k, request, body, seed, record=record, share=share and draw_seed is None
+        )
         self.trajectory.append(
             llm_entry(k, fields, "rederived" if draw_seed is not None else "live")
         )
@@ -999,7 +1025,10 @@ class Run:
         # Every draw settles before the fork goes on or fails: each is paid for, and the
         # fork's spend must hold them all when its row is written.
         settled = await asyncio.gather(
-            *(self._call(k, request, body, coupling_seed(self.seed, k, j)) for j in range(draws)),
+            *(
+                self._call(k, request, body, coupling_seed(self.seed, k, j), share=True)
+                for j in range(draws)
+            ),
             return_exceptions=True,
         )
         self.fresh_draws += draws
