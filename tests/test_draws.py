@@ -710,8 +710,17 @@ def test_shared_draws_answer_a_call_once_and_share_no_failure() -> None:
         with pytest.raises(ConnectionError):
             await first
         assert (await waiter) == (WireResponse(200, (), b"c".ljust(10)), False)
-        # 25 bytes hold two answers of 10: a, b and c were kept, a (the oldest used) went.
+        # A call cancelled (its fork was): a fork waiting on it calls itself, uncancelled.
+        d = draw_key(3, "u", None, b"d")
+        first = asyncio.ensure_future(shared.draw(d, answering("d0")))
+        await asyncio.sleep(0)
+        waiter = asyncio.ensure_future(shared.draw(d, answering("d")))
+        await asyncio.sleep(0)
+        first.cancel()
+        assert (await waiter)[0].body.strip() == b"d"
+        # 25 bytes hold two answers of 10: of a, b, c and d the two oldest used went.
         calls.clear()
+        assert (await shared.draw(d, answering("d2")))[1] is True
         assert (await shared.draw(c, answering("c2")))[1] is True
         assert (await shared.draw(a, answering("a2")))[0].body.strip() == b"a2"
         assert calls == ["a2"]

@@ -78,6 +78,9 @@ class SharedDraws:
             self._answers.move_to_end(key)
             try:
                 answer = await asyncio.shield(held)
+            except asyncio.CancelledError:
+                if not held.cancelled():
+                    raise  # this fork was cancelled, not the call it waited on
             except Exception:  # the first call failed: that fork's business; call anew
                 pass
             else:
