@@ -5,6 +5,7 @@ to it again once it answers."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 import tempfile
@@ -235,3 +236,55 @@ def test_a_job_whose_every_worker_is_dead_for_good_stops_with_a_readable_error(
     finally:
         executor.shutdown()
     assert len(lost) == 8
+
+
+def test_the_forks_of_a_seed_go_to_one_worker_and_share_its_draws(
+    support_job: Job, support_tape: Tape
+) -> None:
+    """Two workers, a provider that takes no seed: forks of eight seeds, then again forks of
+    the same seeds in a later submit (in another order, after two new seeds), each
+    re-drawing step 2 with the rest held. A seed's
+    later fork runs where its first did and is answered with the draws it made there: the
+    same outcome, and no token paid."""
+    with SimServer(support_job.load("policy"), draws="unseeded") as sim:
+        executor = RayExecutor(
+            WorkerConfig(
+                agent_ref=support_job.spec.agent,
+                scorer_ref=support_job.spec.scorer,
+                search_path=(str(ROOT), *(str(p) for p in support_job.code_path())),
+                base_urls=BaseUrls.for_server(sim.url).as_dict(),
+            ),
+            workers=2,
+            per_worker_in_flight=16,
+        )
+        executor.add_tape(support_tape.tape_id, support_tape.path.read_bytes())
+        specs = [
+            ForkSpec(
+                tape_id=support_tape.tape_id,
+                interventions={2: Resample()},
+                tail="held",
+                seed=seed,
+                couple={},
+            )
+            for seed in range(10)
+        ]
+        rounds: list[dict[int, dict[str, Any]]] = []
+        for attempt in range(2):
+            # The second submit holds the seeds in another order, after two new ones.
+            order = specs[:8] if attempt == 0 else specs[8:] + specs[7::-1]
+            executor.submit([Item(spec, stage="shared", attempt=attempt) for spec in order])
+            rows: list[dict[str, Any]] = []
+            deadline = time.monotonic() + DEADLINE_S
+            while executor.in_flight:
+                assert time.monotonic() < deadline
+                for result in executor.wait(0.25):
+                    assert not isinstance(result, BatchLost)
+                    rows += result
+            rounds.append({json.loads(r["spec"])["seed"]: r for r in rows})
+    first, second = rounds
+    assert sorted(first) == list(range(8)) and sorted(second) == list(range(10))
+    assert len({_pid(r) for r in first.values()}) == 2  # both workers ran forks
+    for seed in range(8):
+        assert _pid(second[seed]) == _pid(first[seed]), seed
+        assert second[seed]["outcome"] == first[seed]["outcome"], seed
+        assert first[seed]["tokens_in"] > 0 and second[seed]["tokens_in"] == 0, seed

@@ -60,15 +60,18 @@ class WorkerHealth:
     def live(self) -> list[int]:
         return [i for i in range(len(self._workers)) if i not in self._down and i not in self._dead]
 
-    def pick(self, load: Sequence[int]) -> int | None:
+    def pick(self, load: Sequence[int], prefer: int | None = None, slack: int = 0) -> int | None:
         """The live worker with the fewest forks in flight (`load`, by worker; ties taken in
-        turn), or None while none is live. A worker that died unseen answers nothing and
+        turn), or None while none is live; `prefer` instead, if it is live and has at most
+        `slack` forks more than that one. A worker that died unseen answers nothing and
         keeps its load, so new batches mostly go to the others before Ray reports the death."""
         live = self.live
         if not live:
             return None
         count = len(self._workers)
         index = min(live, key=lambda i: (load[i], (i - self._turn) % count))
+        if prefer is not None and prefer in live and load[prefer] <= load[index] + slack:
+            index = prefer
         self._turn = index + 1
         return index
 

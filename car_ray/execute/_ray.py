@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -316,6 +317,16 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> str:
     return "embedded"
 
 
+# Fork seeds whose worker the executor remembers.
+_HOMES = 100_000
+
+
+def _seed_of(item: Item) -> tuple[str, int]:
+    """A fork's seed, with its tape: the forks that share their draws where they run on one
+    worker."""
+    return (item.spec.tape_id, item.spec.seed)
+
+
 class RayExecutor:
     """A window of fork batches on a pool of `ForkWorker` actors."""
 
@@ -360,6 +371,9 @@ class RayExecutor:
         # Batches Ray never sent (their worker was restarting), waiting for a live worker.
         self._parked: list[list[Item]] = []
         self._no_workers: NoWorkers | None = None  # found while rows were being returned
+        # The worker each fork seed's first batch went to, by (tape, seed): the oldest go
+        # first past _HOMES.
+        self._homes: OrderedDict[tuple[str, int], int] = OrderedDict()
         self.lost_batches = 0
         self.rerouted_batches = 0
 
@@ -410,7 +424,11 @@ class RayExecutor:
         return load
 
     def submit(self, items: Sequence[Item]) -> None:
-        """Hand forks to the workers in batches, each to the live worker with the least work."""
+        """Hand forks to the workers in batches, each to the live worker with the least work,
+        or to the worker that ran forks of the same seed while it has at most a batch more:
+        a worker shares a seed's draws among the forks it runs (`replay.SharedDraws`). The
+        forks of one seed go in one batch where they can."""
+        items = sorted(items, key=_seed_of)
         self._send(
             [
                 list(items[start : start + self.batch_size])
@@ -421,10 +439,17 @@ class RayExecutor:
     def _send(self, batches: list[list[Item]]) -> None:
         load = self.in_flight_by_worker()
         for batch in batches:
-            index = self._health.pick(load)
+            homes = Counter(self._homes[s] for s in map(_seed_of, batch) if s in self._homes)
+            prefer = homes.most_common(1)[0][0] if homes else None
+            index = self._health.pick(load, prefer, slack=self.batch_size)
             if index is None:  # every worker is restarting: the batch waits for one
                 self._parked.append(batch)
                 continue
+            for seed in map(_seed_of, batch):
+                if seed not in self._homes:
+                    self._homes[seed] = index
+                    if len(self._homes) > _HOMES:
+                        self._homes.popitem(last=False)
             load[index] += len(batch)
             payload = [
                 (i.spec.model_dump_json(), i.stage, i.attempt, i.limit.model_dump_json(), i.job_id)
