@@ -869,9 +869,9 @@ class Run:
         in SEED_HEADER and, to a chat completion, in the body's `seed` too (OpenAI's, best
         effort for an identical request), in place of any the agent set: every draw of a
         step must be its own (`seeded_body`; the tape keeps the agent's body). With `share`
-        (a fresh draw), a call another fork of the seed made with the same seed and bytes is
-        answered as it was (`SharedDraws`), and not paid for again; a Responses call never
-        is (the provider keeps its conversation by the ids it issued)."""
+        (a fresh draw), a call another fork of the seed made with the same seed and request
+        is answered as it was (`SharedDraws`), and not paid for again; a Responses call
+        never is (the provider keeps its conversation by the ids it issued)."""
         codec = codec_for_path(urlsplit(request.url).path)
         headers = (
             *((name, value) for name, value in request.headers if name.lower() != SEED_HEADER),
