@@ -65,8 +65,9 @@ _NOT_MEASURED = "not measured: a design choice"
 
 RECORD: dict[str, Evidence] = {
     "DRAWS_STEPS": Evidence(
-        "model steps a job against a live provider re-asks (two forks each) before it says "
-        "it could not tell whether the provider replays a draw",
+        "model steps a job against a live provider re-asks (two forks each, four at a step "
+        "that voted once for replaying) before it says it could not tell whether the "
+        "provider replays a draw",
         _NOT_MEASURED,
         "27bace0",
         "none (a step that answers the same to every seed says nothing; three in a row "
