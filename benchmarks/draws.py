@@ -16,8 +16,9 @@ Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the ex
 within validate's TIE, or for a control no step's interval above 0), the whole top credited
 (every step of the exact top, both halves of an AND or of an over-determined pair, has its
 phi above every other re-drawn step's; for a control, as top-1), the share that stopped on an
-answer, and the median forks; and per way the median model calls a job made off the tape
-(live draws, a coupling's draws included). Figures go to benchmarks/results/draws.json.
+answer, and the median forks; and per way the median draws a job made off the tape (live
+draws, a coupling's included; a draw the forks of a seed shared counts in each, so this is
+an upper bound on the calls paid for). Figures go to benchmarks/results/draws.json.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
         "right": right,
         "whole_top": whole,
         "provider_draws": outcome.answer.provider_draws if outcome.answer else None,
-        # Model calls a fork made off the tape (live draws, a coupling's draws included).
-        "calls": sum(int(r.get("fresh_draws") or 0) for r in rows),
+        # Draws a fork made off the tape (live draws, a coupling's included, shared or not).
+        "fresh_draws": sum(int(r.get("fresh_draws") or 0) for r in rows),
         "wall_s": round(time.perf_counter() - began, 2),
     }
 
@@ -151,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
             f"the whole top credited in {sum(bool(r['whole_top']) for r in runs)}, "
             f"answered {sum(r['ended'] in ANSWERS for r in runs)}, "
-            f"{statistics.median(r['calls'] for r in runs):g} calls off the tape a job "
+            f"{statistics.median(r['fresh_draws'] for r in runs):g} draws off the tape a job "
             "(median)",
             markup=False,
         )

@@ -1015,7 +1015,8 @@ class Run:
         the share of them that decide d; the step keeps d (answering with one of those draws)
         with the chance `keep_chances` gives that count, the nearest min(1, p'(d) / `share`)
         at its worst, and otherwise answers with a draw that decided otherwise. Every draw is
-        a live call in the fork's spend. What it cannot do: a finite number of draws keeps d
+        a live call in the fork's spend unless another fork of the seed made it
+        (`SharedDraws`). What it cannot do: a finite number of draws keeps d
         less often than the coupling would where p'(d) is near p(d) (with 4 draws at p' = p
         = 0.5, 0.89 of the time against 1), and the other answer is drawn from p', not from
         what p' adds to p."""

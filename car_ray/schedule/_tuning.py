@@ -97,7 +97,7 @@ RECORD: dict[str, Evidence] = {
         "this commit (was the Laplace estimate)",
         "and_conj seeded: step 0 (exact 0) flips 7 of 105 forks against 20 of 105; the whole "
         "top credited 297 of 300 (seeded) and 293 (unseeded) against 292 and 284, top-1 "
-        "299 and 297 against 298 and 290 (one run, side by side), median calls off the tape "
+        "299 and 297 against 298 and 290 (one run, side by side), median draws off the tape "
         "a job 168 and 170 against 168 and 197",
     ),
     "COUPLE_MOST": Evidence(
