@@ -55,7 +55,6 @@ class SharedDraws:
         self._sizes: dict[Key, int] = {}
         self._bytes = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.hits = 0
 
     def _forget(self, key: Key) -> None:
         self._answers.pop(key, None)
@@ -84,7 +83,6 @@ class SharedDraws:
             except Exception:  # the first call failed: that fork's business; call anew
                 pass
             else:
-                self.hits += 1
                 return answer, True
         mine: asyncio.Future[WireResponse] = loop.create_future()
         self._forget(key)
