@@ -32,6 +32,7 @@ SCREEN_IN_FLIGHT = 4
 GROUPS_FROM = 6
 GROUP_WAYS = 4
 EARLY_SHARE = 0.5
+SPLIT_AFTER = 4
 # -- the Shapley stage ----------------------------------------------------------------------------
 SEEDS_IN_FLIGHT = 2
 IN_FLIGHT_OF_LEFT = 0.5
@@ -163,6 +164,19 @@ RECORD: dict[str, Evidence] = {
         "end (4 seeds); 31 steps 99, 140, 187; 8 of 8 answered and right at both",
         "8caed0e, 6516035",
         "the AND job's 6 seeds and the bench; a lower share ends rounds later",
+    ),
+    "SPLIT_AFTER": Evidence(
+        "counted seeds after which a round of the group game that has seen a group of several "
+        "steps change the outcome, and another not, ends to split the first (`GroupGame."
+        "splits`): the steps it settled go on as one quiet group of the rounds after it",
+        "a scratch run of benchmarks/groups.py's 31-step tapes held by actions, 2 against 4 "
+        "(even, as seeds begin in blocks of SEEDS_IN_FLIGHT): one planted step, attribution "
+        "seeds 0-2; the AND of tests/test_groups.py, seeds 0-2",
+        "this commit",
+        "one step: 66 to 72 forks at 2, 84 to 90 at 4 (140 before the quiet group); the AND: "
+        "at 2 its job at seed 0 settled a half on 2 seeds, the quiet group then moved and the "
+        "rounds began again: 309 of 310 forks, not answered; at 4, 154 to 170 forks, both "
+        "halves separated (274 to 310 before)",
     ),
     "SEEDS_IN_FLIGHT": Evidence(
         "Shapley seeds' worth of forks (at least 8) in flight while the verdict is far",

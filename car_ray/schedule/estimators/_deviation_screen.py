@@ -38,6 +38,8 @@ class DeviationScreen:
     # never screened or probed again, and not candidates even where they left the tape.
     settled: dict[int, int] = field(default_factory=dict)
     grouped: bool = False  # the group game has run (it runs once a job)
+    # Rounds of the group game in which the steps earlier rounds settled changed the outcome.
+    quiet_moved: int = 0
     # The group game's rounds that settled steps, by number: a verdict's clearance may ask
     # one to go on for more of their draws (`GroupGame.extended`).
     rounds: dict[int, GroupGame] = field(default_factory=dict)
@@ -73,8 +75,9 @@ class DeviationScreen:
             self.hits[k] = max(1, self.hits.get(k, 0))
 
     def round_of(self, k: int) -> int | None:
-        """The round that settled step k (None if none did)."""
-        for number, game in self.rounds.items():
+        """The last round that settled step k (None if none did): its seeds are the ones
+        that go on adding to k's clean draws."""
+        for number, game in sorted(self.rounds.items(), reverse=True):
             if any(k in game.groups[g] for g in game.settled()):
                 return number
         return None

@@ -14,12 +14,20 @@ marginals are 0 in n seeds has its value bounded as a step with n clean draws ha
 seen (the second of the two in the order clears the failure the first could not), as is an
 AND (the first of the two does).
 
+A round after the first re-draws the steps earlier rounds settled as one more group (`quiet`):
+a seed in which its marginal is 0 is one more clean draw of each of them, added to the seeds
+each brought (`carry`), as a step whose blame is b leaves its group's marginal 0 with chance
+at most 1 - b in any round.
+
 A round ends after SCREEN_CLEAN seeds, when a group that never changed the outcome has the
 clean draws a "no step to blame" needs; as soon as every group has changed the outcome (none
-could be cleared); or, once MIN_SEEDS seeds are in, when the groups that never changed it have
-the clean draws that would bound them below EARLY_SHARE of the strongest group's value (its
-exact lower bound). Only seeds whose every earlier seed is complete count, so a run that
-resumes from its rows ends each round where it ended before, whatever order the rows came in.
+could be cleared); once MIN_SEEDS seeds are in, when the groups that never changed it have
+the clean draws, with those they brought, that would bound them below EARLY_SHARE of the
+strongest group's value (its exact lower bound); or, in a round that may split (`splits`),
+after SPLIT_AFTER seeds once it knows what to split (`_splits_now`): its clean groups are
+settled on few seeds and gather more as the quiet group of the rounds after it. Only seeds
+whose every earlier seed is complete count, so a run that resumes from its rows ends each
+round where it ended before, whatever order the rows came in.
 
 A round that ended goes on for its settled groups when a verdict's clearance asks for more of
 their draws (`extended`, `counted`): more seeds of the same chains, counted in order after
@@ -36,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._interval import exact_lower
-from .._tuning import EARLY_SHARE, MIN_SEEDS, SCREEN_CLEAN
+from .._tuning import EARLY_SHARE, MIN_SEEDS, SCREEN_CLEAN, SPLIT_AFTER
 from ._deviation_screen import DeviationScreen
 
 
@@ -71,6 +79,14 @@ class GroupGame:
     extended: int = 0
     _settled: list[int] | None = None  # `settled`, once the round has ended
     rows: dict[int, int] = field(default_factory=dict)  # forks observed, by seed
+    # Steps an earlier round settled, re-drawn here as one group (its index; None in a first
+    # round), and the seeds each step of the round brings from earlier rounds: a seed in which
+    # its group's marginal was 0, in whichever round, is one more clean draw of it.
+    quiet: int | None = None
+    carry: dict[int, int] = field(default_factory=dict)
+    # Whether the round may end as soon as it knows which groups to split (`decided`).
+    splits: bool = False
+    ended_to_split: bool = False
 
     def order(self, seed: int) -> list[int]:
         """The groups (by index) in the order seed `seed` walks them."""
@@ -137,9 +153,11 @@ class GroupGame:
         return np.array([self.marginals(s) for s in seeds]).reshape(len(seeds), len(self.groups))
 
     def decided(self) -> bool:
-        """Whether the round has ended: SCREEN_CLEAN counted seeds; or MIN_SEEDS once every
+        """Whether the round has ended: SCREEN_CLEAN counted seeds; SPLIT_AFTER in a round
+        that splits, once it knows what to (`_splits_now`); or MIN_SEEDS once every
         group has changed the outcome in one (none can be cleared), or once the groups that
-        never did have the clean draws (`DeviationScreen.clean_for`) that bound their value
+        never did have the clean draws, with those their steps brought
+        (`DeviationScreen.clean_for`), that bound their value
         below EARLY_SHARE of the strongest group's, at its exact lower bound (a group worth that
         much is clean so long with chance below alpha; the top a verdict will clear them
         against is in a group that changed the outcome, and a top weaker than that makes the
@@ -153,6 +171,8 @@ class GroupGame:
             m = self.matrix(seeds[:n])
             moved = np.any(m != 0, axis=0)
             ends = n >= SCREEN_CLEAN
+            if not ends and self.splits and n >= SPLIT_AFTER and self._splits_now(moved):
+                ends = self.ended_to_split = True
             if n >= MIN_SEEDS and moved.any():
                 strongest = np.abs(m.sum(axis=0)).max()
                 lower = float(exact_lower(strongest, n, np.array([self.alpha]))[0])
@@ -160,11 +180,30 @@ class GroupGame:
                 # A share: the top a verdict clears them against may share its group's
                 # value (an AND's halves in one group, or in two).
                 part = lower * EARLY_SHARE
-                ends = ends or (part > 0 and DeviationScreen.clean_for(part, self.alpha) <= n)
+                if part > 0:
+                    need = DeviationScreen.clean_for(part, self.alpha)
+                    ends = ends or all(
+                        n + self.carried(g) >= need for g in range(len(self.groups)) if not moved[g]
+                    )
             if ends:
                 self.decided_at = n
                 return True
         return False
+
+    def _splits_now(self, moved: np.ndarray) -> bool:
+        """Whether the seeds so far tell the next round what to split: the quiet group
+        changed the outcome (its steps were not clear: split with what is left), or a group
+        of more than one step did and another did not."""
+        if self.quiet is not None and moved[self.quiet]:
+            return True
+        mine = [g for g in range(len(self.groups)) if g != self.quiet]
+        return any(moved[g] and len(self.groups[g]) > 1 for g in mine) and not all(
+            moved[g] for g in mine
+        )
+
+    def carried(self, g: int) -> int:
+        """The fewest clean seeds a step of group g brings from earlier rounds."""
+        return min(self.carry.get(k, 0) for k in self.groups[g])
 
     def active(self) -> list[int]:
         """Groups (by index) that changed the outcome in a counted seed."""

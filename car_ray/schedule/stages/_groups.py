@@ -20,6 +20,10 @@ from ..estimators import DeviationScreen, GroupGame, split
 from ._base import BaseStage, Fork, Next
 from ._screening import screen_result
 
+# Rounds whose quiet group changed the outcome after which no round ends to split (one more
+# such round, and Shapley measures what is left): the rounds of a job are finite.
+QUIET_MOVES = 2
+
 # Fork seeds of the group game (of the attribution's 2^32): above the Shapley seeds' first
 # 2^30, each round its own 2^24, so no fork of a round shares a seed with another stage's.
 GROUP_SEEDS = 3 << 30
@@ -42,12 +46,16 @@ def played(ctx: JobContext) -> bool:
 
 class HeldGroups(BaseStage):
     """One round of the group game over `steps` (every step the screen screens, on the first
-    round), in GROUP_WAYS contiguous groups: chains of forks, SEEDS_IN_FLIGHT seeds at a
-    time, until the round ends (`GroupGame.decided`). Groups that changed the outcome in no
-    seed are settled (`DeviationScreen.settle`: held from then on, their seeds counted as
-    clean draws); with none left, no step is to blame; with GROUP_WAYS steps or fewer left,
-    or none settled, Shapley measures them (`HeldShapley`, the settled steps' clearance
-    behind its verdict); else the next round splits them again."""
+    round), in GROUP_WAYS contiguous groups (one, if that many steps or fewer), and on later
+    rounds the steps earlier rounds settled as one quiet group: chains of forks, in blocks
+    of SEEDS_IN_FLIGHT seeds, until the round ends (`GroupGame.decided`). Groups that
+    changed the outcome in no seed are settled (`DeviationScreen.settle`: held in Shapley,
+    their seeds, with those they brought, counted as clean draws); a quiet group that did
+    is measured again (`DeviationScreen.unsettle`). With nothing left, no step is to blame;
+    with GROUP_WAYS steps or fewer left after a round that ended to split, a last round
+    clears the quiet steps against them; with that few left otherwise, or none newly
+    settled, Shapley measures them (`HeldShapley`, the settled steps' clearance behind its
+    verdict); else the next round splits them again."""
 
     name = "groups"
 
@@ -68,12 +76,18 @@ class HeldGroups(BaseStage):
         self.out_of_budget = False
 
     def start(self) -> None:
-        ctx = self.ctx
-        self.screen.grouped = True
+        ctx, screen = self.ctx, self.screen
+        screen.grouped = True
+        # Few steps left: one group, to clear the quiet steps against (Shapley splits it).
+        groups = split(self.steps, GROUP_WAYS) if len(self.steps) > GROUP_WAYS else [self.steps]
+        quiet = sorted(k for k in screen.settled if k not in self.steps) if self.round else []
         self.game = GroupGame(
-            split(self.steps, GROUP_WAYS),
+            [tuple(g) for g in groups] + ([tuple(quiet)] if quiet else []),
             ctx.alpha,
             salt=f"{ctx.spec.attribution_seed}/{self.round}",
+            quiet=len(groups) if quiet else None,
+            carry={k: screen.settled[k] for k in quiet},
+            splits=len(groups) > 1 and screen.quiet_moved < QUIET_MOVES,
         )
         self.pending: dict[int, set[frozenset[int]]] = {}
         for spec, row in ctx.rows.of("groups", "held"):
@@ -86,8 +100,11 @@ class HeldGroups(BaseStage):
         return seed if number == self.round else -1
 
     def suggest(self, room: int) -> list[Fork] | None:
-        """The next forks of the seeds in flight, then of new seeds (at most SEEDS_IN_FLIGHT
-        at a time); a seed is begun only if the forks the caps leave could finish it."""
+        """The next forks of the seeds in flight, then of new seeds: in blocks of
+        SEEDS_IN_FLIGHT seeds, a block begun once every seed before it is done (so a job
+        stopped by its cap, and run again, begins the seeds the job run in one go begins,
+        wherever the cap fell); a seed is begun only if the forks the caps leave could
+        finish it."""
         game = self.game
         if game.decided():
             return None
@@ -95,15 +112,15 @@ class HeldGroups(BaseStage):
         # Forks the seeds in flight still owe beyond those asked for.
         owed = sum(len(self._todo(seed)) for seed in self.pending)
         out: list[Fork] = []
-        seed = game.next_seed()
+        seed = first = game.next_seed()
         while len(out) < room:
             if seed in game.failed or game.complete(seed):
                 seed += 1
                 continue
             todo = self._todo(seed)
             if seed not in self.pending:
-                if len(self.pending) >= SEEDS_IN_FLIGHT:
-                    break
+                if len(self.pending) >= SEEDS_IN_FLIGHT or seed - seed % SEEDS_IN_FLIGHT > first:
+                    break  # seeds begin by blocks, once every block before is done
                 if left is not None and left - len(out) - owed < len(todo):
                     self.out_of_budget = True  # what is left could not finish another seed
                     break
@@ -152,17 +169,31 @@ class HeldGroups(BaseStage):
         if not game.decided():
             return Next(end="budget_exhausted")
         cleared, left = self._outcome()
-        self.screen.settle(cleared, len(game.seeds()))
+        n = len(game.seeds())
+        for k in cleared:
+            self.screen.settle([k], game.carry.get(k, 0) + n)
+        quiet = game.quiet
+        moved = quiet is not None and quiet in game.active()
+        if moved:
+            # Steps settled earlier changed the outcome after all: measured from now on.
+            assert quiet is not None
+            self.screen.unsettle(game.groups[quiet])
+            self.screen.quiet_moved += 1
         if cleared:
             self.screen.rounds[self.round] = game  # a verdict may ask it to go on
         if not left:
             self.verdict = True
             return Next()
-        if len(left) <= GROUP_WAYS or not cleared:
-            # Few steps left, or none cleared (every group changed the outcome: splitting
-            # them again would play the same round): Shapley measures them. The Shapley
-            # before the groups is not an answer to fall back on: it was over steps since
-            # settled.
+        new = [k for k in cleared if k not in game.carry]
+        if game.ended_to_split and new and len(left) <= GROUP_WAYS:
+            # The round ended as soon as it knew what to split: the steps it settled have few
+            # seeds, so one more round clears them against what is left, as one group.
+            return Next(then=(HeldGroups(self.ctx, self.screen, left, self.round + 1),))
+        if len(left) <= GROUP_WAYS or not (new or moved) or self.screen.quiet_moved > QUIET_MOVES:
+            # Few steps left, or none newly cleared (every group changed the outcome:
+            # splitting them again would play the same round), or the quiet steps moved more
+            # than QUIET_MOVES times: Shapley measures them. The Shapley before the groups
+            # is not an answer to fall back on: it was over steps since settled.
             for k in left:  # Shapley's candidates: the steps no round settled
                 self.screen.hits[k] = max(1, self.screen.hits.get(k, 0))
             return Next(then=(HeldShapley(self.ctx, self.screen),))
@@ -202,22 +233,36 @@ class HeldGroups(BaseStage):
         """What this round did: its groups and seeds, what it cleared and what is left."""
         game = self.game
         seeds = len(game.seeds())
-        text = (
-            f"groups, round {self.round + 1}: steps {_span(self.steps)} in "
-            f"{len(game.groups)} groups, {seeds} seed(s) ({self.forks} forks)"
-        )
+        quiet = [] if game.quiet is None else list(game.groups[game.quiet])
+        own = len(game.groups) - (1 if quiet else 0)
+        text = f"groups, round {self.round + 1}: steps {_span(self.steps)} in {own} group(s)"
+        if quiet:
+            text += f", and the {len(quiet)} steps earlier rounds cleared as one more"
+        text += f", {seeds} seed(s) ({self.forks} forks)"
         cleared, left = self._outcome()
         if not game.decided():
             text += "; the budget ended before the round did"
         else:
-            if cleared:
+            if game.ended_to_split:
+                text += "; ended to split the groups that changed the outcome"
+            new = [k for k in cleared if k not in game.carry]
+            if new:
                 most = DeviationScreen.percent_after(seeds, self.ctx.alpha)
                 text += (
-                    f"; cleared on the outcome: steps {_span(cleared)} (re-drawing their "
+                    f"; cleared on the outcome: steps {_span(new)} (re-drawing their "
                     f"group changed it in none of the {seeds} seeds: at "
                     f"{self.ctx.spec.confidence:.0%}, each such group's blame is at most "
                     f"{most}%)"
                 )
+            if quiet and quiet[0] in cleared:
+                fewest = min(game.carry.get(k, 0) for k in quiet) + seeds
+                most = DeviationScreen.percent_after(fewest, self.ctx.alpha)
+                text += (
+                    f"; the steps cleared before stayed clear ({fewest} seeds or more each: "
+                    f"their blame is at most {most}%)"
+                )
+            elif quiet:
+                text += "; the steps cleared before changed it: they are measured again"
             text += f"; left to measure: {left}" if left else "; nothing left: no step to blame"
         return Note(
             kind="groups",
@@ -229,6 +274,7 @@ class HeldGroups(BaseStage):
                 "groups": [list(g) for g in game.groups],
                 "cleared": cleared,
                 "left": left,
+                "quiet": quiet,
             },
         )
 
@@ -323,7 +369,8 @@ class GoingOn:
                 screen.unsettle(steps)
                 self.unsettled.setdefault(number, []).extend(steps)
             else:
-                screen.settle(steps, n)
+                for k in steps:
+                    screen.settle([k], game.carry.get(k, 0) + n)
 
     def notes(self) -> list[Note]:
         """What each round that went on did: its seeds and forks, the seeds its settled
