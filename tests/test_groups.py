@@ -275,8 +275,9 @@ def test_a_tape_whose_every_step_changes_its_words_is_answered_on_the_outcome(
 ) -> None:
     """tests/scenarios/wordy holding whole actions: every note's re-draw changes its words, so
     the screen finds every step it re-draws and Shapley over them never sees a flip. The
-    job asks the outcome instead: a round of groups clears the notes before the decision,
-    Shapley measures what is left, and the verdict is step 11, separated, its phi interval
+    job asks the outcome instead: rounds of groups clear the notes before the decision (the
+    later ones re-drawing those cleared before as one quiet group), Shapley measures what is
+    left, and the verdict is step 11, separated, its phi interval
     holding the exact 0.3 and every cleared step's bound at most SCREEN_CLEAN seeds' 14%."""
     outcome, rows = answered
     answer = outcome.answer
@@ -286,6 +287,9 @@ def test_a_tape_whose_every_step_changes_its_words_is_answered_on_the_outcome(
     groups = [n for n in outcome.notes if n.kind == "groups"]
     assert groups and set(range(DECISION)) <= {k for n in groups for k in n.figures["cleared"]}
     assert DECISION in groups[-1].figures["left"]
+    # A round that ended to split: the steps it cleared were re-drawn, as one quiet group,
+    # in the round after it (their clean seeds add up there).
+    assert any(n.figures["quiet"] for n in groups[1:]), [n.text for n in groups]
     assert any(r["stage"] == "groups" for r in rows)
     cleared = [r for r in outcome.attribution if r["step"] < DECISION]
     assert all(r["phi_hi"] is not None and r["phi_hi"] <= 0.14 for r in cleared)

@@ -171,8 +171,10 @@ RECORD: dict[str, Evidence] = {
         "splits`): the steps it settled go on as one quiet group of the rounds after it",
         "a scratch run of benchmarks/groups.py's 31-step tapes held by actions, 2 against 4 "
         "(even, as seeds begin in blocks of SEEDS_IN_FLIGHT): one planted step, attribution "
-        "seeds 0-2; the AND of tests/test_groups.py, seeds 0-2",
-        "this commit",
+        "seeds 0-2; the AND of tests/test_groups.py, seeds 0-2. Then benchmarks/groups.py "
+        "--seeds 6 --items 5,15 --and --ways actions at 4, beside the code before the quiet "
+        "group (README)",
+        "286f274",
         "one step: 66 to 72 forks at 2, 84 to 90 at 4 (140 before the quiet group); the AND: "
         "at 2 its job at seed 0 settled a half on 2 seeds, the quiet group then moved and the "
         "rounds began again: 309 of 310 forks, not answered; at 4, 154 to 170 forks, both "

@@ -34,8 +34,9 @@ class DeviationScreen:
     probes: set[tuple[int, int]] = field(default_factory=set)
     probe_forks: int = 0
     # Steps cleared on the outcome (`GroupGame`): each with the seeds in which re-drawing
-    # its group changed nothing, counted as its clean draws. They are held from then on:
-    # never screened or probed again, and not candidates even where they left the tape.
+    # its group changed nothing, in all its rounds, counted as its clean draws. They are
+    # held from then on (re-drawn only as the quiet group of later rounds): never screened
+    # or probed again, and not candidates even where they left the tape.
     settled: dict[int, int] = field(default_factory=dict)
     grouped: bool = False  # the group game has run (it runs once a job)
     # Rounds of the group game in which the steps earlier rounds settled changed the outcome.
