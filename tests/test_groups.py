@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -407,6 +408,56 @@ def test_a_job_stopped_while_a_round_goes_on_resumes_to_the_same_forks(
     assert [n.text for n in rest.notes if n.kind in kinds] == [
         n.text for n in whole.notes if n.kind in kinds
     ]
+
+
+def test_steps_cleared_on_few_seeds_that_change_the_outcome_later_are_measured_again(
+    tmp_path: Path,
+) -> None:
+    """A 5-item checklist (11 steps) worded a thousand ways, held by actions, whose payout
+    goes out wrongly when items 2 and 3 (steps 4 and 6) are both waived, each with
+    probability 0.3: each half's exact phi is 0.455, every other step's 0. A round that ends
+    to split can clear an AND's half on its few seeds (in its seeds the other half's group
+    came first and cleared the failure alone): re-drawn in the next round as part of the
+    quiet group, that half changes the outcome, the quiet steps are measured again (the
+    round after splits them with what was left), and the job ranks both halves above every
+    other step."""
+    folder = tmp_path / "short_and"
+    (tmp_path / "checklist").symlink_to(ROOT / "jobs" / "checklist")
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "policy.py").write_text(
+        AND_POLICY.replace(
+            "items=15, planted={7: 0.3, 8: 0.3}", "items=5, planted={2: 0.3, 3: 0.3}"
+        )
+    )
+    (folder / "job.toml").write_text(
+        AND_JOB.replace("wordy_and", "short_and")
+        .replace("seed = 20", "seed = 25")
+        .replace("items = 15", "items = 5")
+    )
+    job, tape = _job_and_tape(str(folder / "job.toml"))
+    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 0}))
+    outcome, _ = run_local(job, tape, Budget(**job.spec.budget.model_dump()))
+    rounds = [n for n in outcome.notes if n.kind == "groups"]
+    moved = [
+        i
+        for i, n in enumerate(rounds)
+        if n.figures["quiet"] and set(n.figures["quiet"]) <= set(n.figures["left"])
+    ]
+    assert moved, "no quiet group changed the outcome: this job no longer exercises it"
+    i = moved[0]
+    assert "the steps cleared before changed it" in rounds[i].text
+    assert 6 in rounds[i].figures["quiet"]  # the half cleared early
+    assert i + 1 < len(rounds)
+    again = rounds[i + 1].figures
+    quiet_after = set(again["quiet"])
+    assert set(rounds[i].figures["quiet"]).isdisjoint(quiet_after), again
+    ranked = sorted(
+        (r for r in outcome.attribution if r["intervention"] == "resample"),
+        key=lambda r: -(r["phi"] or 0.0),
+    )
+    assert {r["step"] for r in ranked[:2]} == {4, 6}, [(r["step"], r["phi"]) for r in ranked]
+    assert (ranked[1]["phi"] or 0.0) > (ranked[2]["phi"] or 0.0)
 
 
 def test_a_rounds_note_shows_steps_that_skip_as_ranges() -> None:
