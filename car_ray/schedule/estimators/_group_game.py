@@ -154,7 +154,9 @@ class GroupGame:
 
     def decided(self) -> bool:
         """Whether the round has ended: SCREEN_CLEAN counted seeds; SPLIT_AFTER in a round
-        that splits, once it knows what to (`_splits_now`); or MIN_SEEDS once every
+        that splits, once it knows what to (`_splits_now`); MIN_SEEDS in a last round once
+        its group has changed the outcome and the quiet group has not
+        (`_last_round_shown`); or MIN_SEEDS once every
         group has changed the outcome in one (none can be cleared), or once the groups that
         never did have the clean draws, with those their steps brought
         (`DeviationScreen.clean_for`), that bound their value
@@ -173,6 +175,8 @@ class GroupGame:
             ends = n >= SCREEN_CLEAN
             if not ends and self.splits and n >= SPLIT_AFTER and self._splits_now(moved):
                 ends = self.ended_to_split = True
+            if not ends and n >= MIN_SEEDS and self._last_round_shown(moved):
+                ends = True
             if n >= MIN_SEEDS and moved.any():
                 strongest = np.abs(m.sum(axis=0)).max()
                 lower = float(exact_lower(strongest, n, np.array([self.alpha]))[0])
@@ -200,6 +204,16 @@ class GroupGame:
         return any(moved[g] and len(self.groups[g]) > 1 for g in mine) and not all(
             moved[g] for g in mine
         )
+
+    def _last_round_shown(self, moved: np.ndarray) -> bool:
+        """Whether a last round (the steps left as one group, beside the quiet group) has
+        shown what it is for: its group changed the outcome and the quiet group did not.
+        How many more clean draws the quiet steps need is the verdict's to ask, against the
+        top it names (`extended`): a bound guessed from the group's value would ask for more
+        than a top worth the whole group needs, or less than an AND's half does."""
+        if self.quiet is None or len(self.groups) != 2:
+            return False
+        return not moved[self.quiet] and bool(moved.any())
 
     def carried(self, g: int) -> int:
         """The fewest clean seeds a step of group g brings from earlier rounds."""
