@@ -183,23 +183,45 @@ def test_a_round_that_splits_ends_as_soon_as_it_knows_what_to_split() -> None:
 
 
 def test_the_quiet_steps_bring_their_clean_seeds_into_the_round() -> None:
-    """A last round: the one step left (14, 70%) as a group, and the 29 steps earlier rounds
-    settled as the quiet group. Steps that bring 10 clean seeds each are cleared in fewer
-    seeds than steps that bring none, in each of 20 runs (the same draws both ways)."""
+    """A round of two steps left (14, clearing the failure 70% of the time, and 15, which
+    never matters), each its own group, beside the 28 steps earlier rounds settled as the
+    quiet group. Steps that bring 10 clean seeds each are cleared in fewer seeds than steps
+    that bring none, in each of 20 runs (the same draws both ways)."""
+    quiet = tuple(k for k in range(30) if k not in (14, 15))
     for run in range(20):
         ends = []
         for carry in (0, 10):
             game = GroupGame(
-                [(14,), tuple(k for k in range(30) if k != 14)],
+                [(14,), (15,), quiet],
                 alpha=0.05,
                 salt=f"carry/{run}",
-                quiet=1,
-                carry={k: carry for k in range(30) if k != 14},
+                quiet=2,
+                carry=dict.fromkeys((15, *quiet), carry),
             )
             _play(game, {14: 0.7}, lambda bad: 14 in bad, SCREEN_CLEAN, rng_seed=run)
-            assert game.decided() and game.decided_at is not None and game.settled() == [1]
+            assert game.decided() and game.decided_at is not None
+            assert game.settled() == [1, 2]
             ends.append(game.decided_at)
-        assert ends[1] < ends[0] or ends[0] == MIN_SEEDS, (run, ends)
+        assert ends[1] < ends[0], (run, ends)
+
+
+def test_a_last_round_ends_once_its_group_moved_and_the_quiet_group_did_not() -> None:
+    """The last round: the steps left (14, 70%, and 15) as one group beside the quiet group.
+    In each of 20 runs it ends at the first count of seeds, MIN_SEEDS or more, by which its
+    group has changed the outcome (the verdict asks it to go on for more); one whose quiet
+    group changes the outcome too does not end so."""
+    quiet = tuple(k for k in range(30) if k not in (14, 15))
+    for run in range(20):
+        game = GroupGame([(14, 15), quiet], alpha=0.05, salt=f"last/{run}", quiet=1)
+        _play(game, {14: 0.7}, lambda bad: 14 in bad, SCREEN_CLEAN, rng_seed=run)
+        assert game.decided()
+        m = game.matrix(game.seeds())
+        first = next(n for n in range(1, SCREEN_CLEAN + 1) if m[:n, 0].any())
+        assert game.decided_at == max(MIN_SEEDS, first), (run, game.decided_at, first)
+        assert game.settled() == [1]
+    both = GroupGame([(14, 15), quiet], alpha=0.05, salt="last/both", quiet=1)
+    _play(both, {14: 1.0, 3: 1.0}, lambda bad: len({3, 14} - bad) % 2 == 0, SCREEN_CLEAN)
+    assert both.decided() and both.active() == [0, 1] and both.decided_at == MIN_SEEDS
 
 
 def test_with_nothing_to_blame_every_group_is_cleared_at_screen_clean() -> None:
