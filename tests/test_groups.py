@@ -209,7 +209,8 @@ def test_a_last_round_ends_once_its_group_moved_and_the_quiet_group_did_not() ->
     """The last round: the steps left (14, 70%, and 15) as one group beside the quiet group.
     In each of 20 runs it ends at the first count of seeds, MIN_SEEDS or more, by which its
     group has changed the outcome (the verdict asks it to go on for more); one whose quiet
-    group changes the outcome too does not end so."""
+    group changes the outcome too ends with nothing settled (the quiet steps are measured
+    again)."""
     quiet = tuple(k for k in range(30) if k not in (14, 15))
     for run in range(20):
         game = GroupGame([(14, 15), quiet], alpha=0.05, salt=f"last/{run}", quiet=1)
