@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -58,14 +58,17 @@ class DeviationScreen:
             and self.clean.get(k, 0) < self.clean_needed
         ]
 
-    def settle(self, steps: Sequence[int], seeds: int) -> None:
-        """Steps whose group's re-draws changed the outcome in none of `seeds` seeds: each
-        counts them as its clean draws, in place of any it had (its group's blame is at most
-        how often a re-draw of the group changes the outcome, as a step's is at most how
+    def settle(
+        self, steps: Sequence[int], seeds: int, carry: Mapping[int, int] | None = None
+    ) -> None:
+        """Steps whose group's re-draws changed the outcome in none of `seeds` seeds, each
+        besides the seeds `carry` says it brought from earlier rounds of the group game: each
+        counts them all as its clean draws, in place of any it had (its group's blame is at
+        most how often a re-draw of the group changes the outcome, as a step's is at most how
         often it leaves the tape; draws before a step left the tape are not "none in n")."""
+        carry = carry or {}
         for k in steps:
-            self.settled[k] = seeds
-            self.clean[k] = seeds
+            self.settled[k] = self.clean[k] = carry.get(k, 0) + seeds
 
     def unsettle(self, steps: Sequence[int]) -> None:
         """Steps whose group changed the outcome in a seed of its round that went on

@@ -169,9 +169,7 @@ class HeldGroups(BaseStage):
         if not game.decided():
             return Next(end="budget_exhausted")
         cleared, left = self._outcome()
-        n = len(game.seeds())
-        for k in cleared:
-            self.screen.settle([k], game.carry.get(k, 0) + n)
+        self.screen.settle(cleared, len(game.seeds()), game.carry)
         quiet = game.quiet
         moved = quiet is not None and quiet in game.active()
         if moved:
@@ -184,7 +182,7 @@ class HeldGroups(BaseStage):
         if not left:
             self.verdict = True
             return Next()
-        new = [k for k in cleared if k not in game.carry]
+        new = self._fresh(cleared)
         if game.ended_to_split and new and len(left) <= GROUP_WAYS:
             # The round ended as soon as it knew what to split: the steps it settled have few
             # seeds, so one more round clears them against what is left, as one group.
@@ -209,6 +207,10 @@ class HeldGroups(BaseStage):
         cleared = [k for g, steps in enumerate(game.groups) if g not in active for k in steps]
         left = [k for g, steps in enumerate(game.groups) if g in active for k in steps]
         return sorted(cleared), sorted(left)
+
+    def _fresh(self, cleared: list[int]) -> list[int]:
+        """The cleared steps this round settled first (not the quiet group's)."""
+        return [k for k in cleared if k not in self.game.carry]
 
     def result(self) -> tuple[StageResult, ...]:
         out: list[StageResult] = [GroupsResult(notes=(self._note(),))]
@@ -245,7 +247,7 @@ class HeldGroups(BaseStage):
         else:
             if game.ended_to_split:
                 text += "; ended to split the groups that changed the outcome"
-            new = [k for k in cleared if k not in game.carry]
+            new = self._fresh(cleared)
             if new:
                 most = DeviationScreen.percent_after(seeds, self.ctx.alpha)
                 text += (
@@ -254,8 +256,8 @@ class HeldGroups(BaseStage):
                     f"{self.ctx.spec.confidence:.0%}, each such group's blame is at most "
                     f"{most}%)"
                 )
-            if quiet and quiet[0] in cleared:
-                fewest = min(game.carry.get(k, 0) for k in quiet) + seeds
+            if game.quiet is not None and quiet[0] in cleared:
+                fewest = game.carried(game.quiet) + seeds
                 most = DeviationScreen.percent_after(fewest, self.ctx.alpha)
                 text += (
                     f"; the steps cleared before stayed clear ({fewest} seeds or more each: "
@@ -369,8 +371,7 @@ class GoingOn:
                 screen.unsettle(steps)
                 self.unsettled.setdefault(number, []).extend(steps)
             else:
-                for k in steps:
-                    screen.settle([k], game.carry.get(k, 0) + n)
+                screen.settle(steps, n, game.carry)
 
     def notes(self) -> list[Note]:
         """What each round that went on did: its seeds and forks, the seeds its settled
