@@ -26,7 +26,7 @@ from car_ray.job import Job
 from car_ray.job import load_job as load
 from car_ray.replay import BaseUrls, is_bad, record
 from car_ray.results import BatchInfo, ForkSink, JobInfo
-from car_ray.sim import SimServer
+from car_ray.sim import SEPARATOR, SimServer
 from car_ray.tape import load_tape
 from car_ray.truth import solve
 
@@ -250,21 +250,33 @@ def test_a_sweep_stopped_by_its_cap_says_which_cells_did_not_complete_and_contin
     assert {json.loads(r.settings or "{}")["confidence"] for r in second.rows} == {0.9, 0.95}
 
 
+@pytest.mark.parametrize("name", ["nightly", "nightly_noisy"])
 def test_a_nightly_batch_names_the_planted_causes_and_goes_past_bad_traces(
-    tmp_path: Path,
+    tmp_path: Path, name: str
 ) -> None:
+    """jobs/nightly's generated traces, and the same runs recorded from jobs/nightly_noisy's
+    model, whose every step is worded a thousand ways (its job holds decisions)."""
     traces = tmp_path / "traces"
+    job_file = ROOT / "jobs" / name / "job.toml"
     subprocess.run(
         [sys.executable, str(ROOT / "jobs" / "nightly" / "generate.py"), str(traces),
-         "--count", "12", "--corrupt", "1", "--seed", "3"],
+         "--count", "12", "--corrupt", "1", "--seed", "3", "--job", str(job_file)],
         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "jobs")},
     )  # fmt: skip
     from car_ray.batch import find_tapes, read_manifest_for
 
-    job = load(ROOT / "jobs" / "nightly" / "job.toml")
+    job = load(job_file)
     other = ROOT / "jobs" / "support_refund" / "support_refund.tape"
     given = find_tapes(str(traces), [str(other)] if other.exists() else [])
     manifest = read_manifest_for(None, str(traces))
+    if name == "nightly_noisy":
+        # Every model step of every run is worded: a sentence beside its tool calls, an aside
+        # after its answer.
+        for tape_name, entry in manifest.items():
+            if entry["planted"] != "corrupt":
+                steps = load_tape(traces / tape_name).steps
+                texts = [(e.action or {}).get("text") or "" for e in steps if e.type == "llm"]
+                assert all(texts) and SEPARATOR in texts[-1], tape_name
     result = run_batch(job, given, out=str(tmp_path / "out"), budget_usd=1.0, manifest=manifest)
     assert result.exit_code == 0 and result.info.spent.usd <= 1.0
     planted = Counter(

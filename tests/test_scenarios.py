@@ -37,7 +37,7 @@ SCENARIOS = [
 ]
 # The noisy suite (tests/test_noisy.py): each scenario above with every model step worded
 # several ways (`sim.Worded`), and the checklist reviews of 11, 31, 101 and 301 steps.
-NOISY = [f"{name}_noisy" for name in SCENARIOS if name != "nightly"] + [
+NOISY = [f"{name}_noisy" for name in SCENARIOS] + [
     "research_async_noisy",
     "support_refund_noisy",
     "checklist_sparse_10",

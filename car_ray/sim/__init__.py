@@ -17,11 +17,12 @@ from ._policy import (
 )
 from ._run import READY_PREFIX, SimProcess, SimServer, serve
 from ._server import STATS_PATH, SimApp, error_body
-from ._worded import DECISION_TEXT, Worded, noisy_variant
+from ._worded import DECISION_TEXT, SEPARATOR, Worded, noisy_variant
 
 __all__ = [
     "DECISION_TEXT",
     "READY_PREFIX",
+    "SEPARATOR",
     "STATS_PATH",
     "Distribution",
     "PolicyError",

@@ -1,6 +1,6 @@
 """Generate a night's failure traces with planted causes, for `car-ray batch`.
 
-    python jobs/nightly/generate.py OUT_DIR --count 60 [--seed 0] [--corrupt 2]
+    python jobs/nightly/generate.py OUT_DIR --count 60 [--seed 0] [--corrupt 2] [--job FILE]
 
 Records `count` failing runs of the nightly support agent (jobs/nightly), each to its own
 tape in OUT_DIR with its mark, through the production recorder (`car_ray.recording`) against
@@ -17,7 +17,10 @@ observations, would not have refunded with a clean one (`policy.decision_u`); ev
 then checked to be marked failed by the scorer. `--corrupt K` adds K more failing runs whose
 tapes are damaged afterwards (alternately cut mid-line, so the tape is incomplete, and
 edited, so its hash chain breaks on load), listed as planted "corrupt". The same seed gives
-the same inputs, seeds and recorded steps (tape names and ids differ: they carry the time)."""
+the same inputs, seeds and recorded steps (tape names and ids differ: they carry the time).
+`--job jobs/nightly_noisy/job.toml` records with that job's model, which words every step a
+thousand ways and keeps the decisions and their chances: the same causes, planted in runs
+whose words vary as a real model's do."""
 
 from __future__ import annotations
 
@@ -131,13 +134,26 @@ DAMAGE: tuple[Callable[[Path], None], ...] = (cut_mid_line, edit_a_line)
 
 
 def generate(
-    out: Path, count: int, *, seed: int = 0, corrupt: int = 0, fsync: bool = False
+    out: Path,
+    count: int,
+    *,
+    seed: int = 0,
+    corrupt: int = 0,
+    fsync: bool = False,
+    job_file: Path = JOB_FILE,
 ) -> list[ManifestEntry]:
-    """Record the planned runs to `out` and write its manifest (see the module docstring)."""
+    """Record the planned runs to `out` and write its manifest (see the module docstring),
+    with the agent, scorer and simulated model of `job_file` (jobs/nightly's or a variant's)."""
     out.mkdir(parents=True, exist_ok=True)
     if any(out.glob("*.tape")) or (out / "manifest.json").exists():
         raise SystemExit(f"{out}: already holds tapes or a manifest; give an empty folder")
-    job = load_job(JOB_FILE)
+    job = load_job(job_file)
+    agent = load_job(JOB_FILE).spec.agent
+    if job.spec.agent != agent:
+        raise SystemExit(
+            f"{job_file}: its agent is {job.spec.agent}; this generator plants causes in the "
+            f"runs of {agent} (give jobs/nightly's job file or a variant of it)"
+        )
     planned = plan(count, corrupt, seed)
     entries: list[ManifestEntry] = []
     with SimServer(job.load("policy")) as sim:
@@ -181,11 +197,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=60, help="failing traces to record")
     parser.add_argument("--seed", type=int, default=0, help="the same seed, the same traces")
     parser.add_argument("--corrupt", type=int, default=0, help="damaged traces to add")
+    parser.add_argument(
+        "--job",
+        type=Path,
+        default=JOB_FILE,
+        help="the job file whose model records the runs (jobs/nightly_noisy/job.toml: worded)",
+    )
     args = parser.parse_args(argv)
     if args.count < 0 or args.corrupt < 0:
         parser.error("--count and --corrupt are at least 0")
     began = time.perf_counter()
-    entries = generate(args.out, args.count, seed=args.seed, corrupt=args.corrupt)
+    entries = generate(
+        args.out, args.count, seed=args.seed, corrupt=args.corrupt, job_file=args.job
+    )
     spread: dict[str, int] = {}
     for entry in entries:
         spread[str(entry.planted)] = spread.get(str(entry.planted), 0) + 1
