@@ -1134,16 +1134,27 @@ def demo_cmd(
 def truth_cmd(
     job_file: Annotated[Path, typer.Argument(help="the scenario's job file (it needs 'policy')")],
     as_json: Annotated[bool, typer.Option("--json", help="print the values as JSON")] = False,
+    game: Annotated[
+        str,
+        typer.Option(
+            "--game",
+            help="held: a held step whose request changed lands the recorded draw on its new "
+            "distribution (the coupled provider); maximal: it keeps its recorded decision as "
+            "a maximal coupling would (what a job estimates off the coupled provider)",
+        ),
+    ] = "held",
 ) -> None:
     """The scenario's exact values by enumerating its branches: Shapley blame, necessity,
     sufficiency and each arm's flip probability (records the tape first if missing)."""
     from ._scenario import ensure_tape
     from .truth import BranchingTooLarge, solve
 
+    if game not in ("held", "maximal"):
+        raise _fail(f"--game {game!r}: give held or maximal")
     job = _job(job_file)
     try:
         tape = ensure_tape(job, on_record=_plain)
-        truth = _run(lambda: solve(job, tape))
+        truth = _run(lambda: solve(job, tape, game="maximal" if game == "maximal" else "held"))
     except (BranchingTooLarge, JobFileError, TapeError) as exc:
         raise _fail(str(exc)) from None
     except UserCodeError as exc:
@@ -1151,7 +1162,8 @@ def truth_cmd(
     if as_json:
         print(truth.model_dump_json(indent=2))
         return
-    table = Table(title=f"exact values ({truth.runs} enumerated runs)", title_justify="left")
+    title = f"exact values of the {truth.game} game ({truth.runs} enumerated runs)"
+    table = Table(title=title, title_justify="left")
     for column in ("step", "kind", "what happened", "φ", "necessity", "sufficiency", "live flip"):
         table.add_column(column, justify="left" if column == "what happened" else "right")
     for s in truth.steps:

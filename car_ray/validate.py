@@ -197,8 +197,9 @@ def validate(
 ) -> list[ScenarioCheck]:
     """Attribute every scenario on an embedded Ray at `forks_per_step` forks a step, its
     simulated provider answering seeds as `draws` says (the tapes are recorded as the
-    scenario's seed lands, on the coupled provider), and score it against its exact values
-    (those of the held game)."""
+    scenario's seed lands, on the coupled provider), and score it against its exact values:
+    those of the held game on the coupled provider, of the maximal game off it (the game a
+    job estimates there, `truth.Game`)."""
     from .attribute import attribute
 
     console = console or Console()
@@ -212,7 +213,8 @@ def validate(
                 update = {"attribution_seed": seed, "provider": provider}
                 job = Job(job.path, job.spec.model_copy(update=update))
                 tape = ensure_tape(job, on_record=lambda line: console.print(line, markup=False))
-                truth = run_loop(solve(job, tape))
+                # Off the coupled provider a job estimates the maximal game: score it there.
+                truth = run_loop(solve(job, tape, game="held" if draws == "coupled" else "maximal"))
                 _, outcome = attribute(
                     job,
                     tape=tape,

@@ -14,7 +14,7 @@ from car_ray.providers import Action, ChatRequest, Message, ToolCall
 from car_ray.replay import Decisions
 from car_ray.schedule import Budget
 from car_ray.sim import DECISION_TEXT, Worded
-from car_ray.truth import run_local, solve
+from car_ray.truth import Game, run_local, solve
 
 
 class _Coin:
@@ -56,16 +56,20 @@ def test_a_worded_policy_keeps_the_decisions_and_varies_the_words() -> None:
     assert len({str(Decisions().decision(a.to_json())) for _, a in first}) == 6
 
 
-def test_the_solver_merges_wordings_exactly_as_a_brute_force_over_every_wording() -> None:
+@pytest.mark.parametrize("game", ["held", "maximal"])
+def test_the_solver_merges_wordings_exactly_as_a_brute_force_over_every_wording(
+    game: Game,
+) -> None:
     """jobs/and_conj_noisy: the exact values of the noisy scenario (decisions enumerated,
     wordings merged) equal jobs/and_conj's, and equal a brute-force enumeration of every
-    wording of every step (`BRUTE`: two wordings, none declared alike), to 1e-12."""
+    wording of every step (`BRUTE`: two wordings, none declared alike), to 1e-12, in the held
+    game and in the maximal one (where a held step keeps its decision, whatever its words)."""
     base, base_tape = _job_and_tape("jobs/and_conj/job.toml")
     noisy, tape = _job_and_tape("jobs/and_conj_noisy/job.toml")
     brute = Job(noisy.path, noisy.spec.model_copy(update={"policy": "and_conj_noisy.policy:BRUTE"}))
-    exact = run(solve(base, base_tape))
-    merged = run(solve(noisy, tape))
-    forced = run(solve(brute, tape))
+    exact = run(solve(base, base_tape, game=game))
+    merged = run(solve(noisy, tape, game=game))
+    forced = run(solve(brute, tape, game=game))
     assert merged.players == exact.players and merged.top == exact.top
     # The brute force takes every model step for a player (its wordings are options), and
     # every step that only varies its words comes out with no blame.

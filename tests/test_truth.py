@@ -4,6 +4,9 @@ and the held tail it enumerates (the engine's coalition game)."""
 from __future__ import annotations
 
 import json
+from itertools import combinations
+from math import factorial
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -18,7 +21,7 @@ from jobs.research_async import policy as research
 from jobs.research_async.agent import BLOG
 from jobs.support_refund import policy as support
 
-from .conftest import RESEARCH_JOB, record_job, run
+from .conftest import RESEARCH_JOB, ROOT, record_job, run
 
 EXACT = 1e-12
 
@@ -201,3 +204,80 @@ def test_solver_refuses_a_job_without_a_policy(research_job: Job, research_tape:
     job = Job(research_job.path, research_job.spec.model_copy(update={"policy": None}))
     with pytest.raises(BranchingTooLarge, match="set 'policy'"):
         Solver(job, research_tape)
+
+
+COUPLING_JOB = ROOT / "tests" / "scenarios" / "coupling" / "job.toml"
+
+
+def _maximal_game_by_hand() -> dict[frozenset[int], float]:
+    """P(bad | S re-drawn, the rest held) in the maximal game of tests/scenarios/coupling,
+    for every S of its three steps, straight from the module docstring of `truth._solver`
+    and the policy's tables (no fork, no simulated provider)."""
+    from tests.scenarios.coupling import policy
+
+    def options(said: tuple[str, ...]) -> dict[str, float]:
+        if not said:
+            return {"Plan A.": policy.PLAN_A, "Plan B.": 1 - policy.PLAN_A}
+        if len(said) == 1:
+            return dict(policy.AFTER_A if said[0] == "Plan A." else policy.AFTER_B)
+        return dict(policy.SUPERVISOR) if said[1] == "Escalate." else {"Closed.": 1.0}
+
+    recorded = ("Plan A.", "Refund.", "Closed.")
+
+    def held(said: tuple[str, ...]) -> dict[str, float]:
+        k = len(said)
+        if said == recorded[:k]:
+            return {recorded[k]: 1.0}
+        now, then, d = options(said), options(recorded[:k]), recorded[k]
+        p, q = then[d], now.get(d, 0.0)
+        keep = min(1.0, q / p)  # every p here is at least 1/8
+        return {a: keep if a == d else (1 - keep) * w / (1 - q) for a, w in now.items()}
+
+    def p_bad(redrawn: frozenset[int], said: tuple[str, ...] = ()) -> float:
+        if len(said) == 3:
+            return 1.0 if "Refund." in said else 0.0
+        step = options(said) if len(said) in redrawn else held(said)
+        return sum(w * p_bad(redrawn, (*said, a)) for a, w in step.items() if w > 0)
+
+    return {
+        frozenset(s): p_bad(frozenset(s)) for size in range(4) for s in combinations(range(3), size)
+    }
+
+
+def test_the_maximal_game_keeps_a_recorded_decision_as_a_maximal_coupling_would(
+    tmp_path: Path,
+) -> None:
+    """tests/scenarios/coupling: every coalition value and phi of the maximal game equal a
+    direct computation from the policy's tables; the held game differs where the recorded
+    draw's uniform lands on another decision after a changed plan, and the two games name
+    different steps first."""
+    job = load_job(COUPLING_JOB)
+    with SimServer(job.load("policy")) as sim:
+        tape = record_job(job, sim, tmp_path / "coupling.tape")
+    assert [e.action["text"] for e in tape.steps] == ["Plan A.", "Refund.", "Closed."]
+    maximal = run(solve(job, tape, game="maximal"))
+    held = run(solve(job, tape))
+    assert (maximal.game, held.game) == ("maximal", "held")
+    assert maximal.players == held.players == [0, 1, 2]
+    by_hand = _maximal_game_by_hand()
+    for s, value in by_hand.items():
+        assert maximal.coalition(sorted(s)) == pytest.approx(value, abs=EXACT), sorted(s)
+    # Shapley over f(S) = 1 - v(S), the chance re-drawing S clears the failure.
+    for k in range(3):
+        others = [j for j in range(3) if j != k]
+        phi = sum(
+            factorial(len(s))
+            * factorial(2 - len(s))
+            / 6
+            * (by_hand[frozenset(s)] - by_hand[frozenset(s) | {k}])
+            for size in range(3)
+            for s in combinations(others, size)
+        )
+        assert maximal.step(k).phi == pytest.approx(phi, abs=EXACT)
+    # Re-planning to B: the maximal coupling keeps the refund half the time (0.3 / 0.6); the
+    # held game lands the recorded uniform (0.60) on Deny, clearing the failure every time.
+    assert 1 - maximal.coalition([0]) == pytest.approx(0.5 * (1 - 0.5 - 0.25 * 0.5), abs=EXACT)
+    assert 1 - held.coalition([0]) == pytest.approx(0.5, abs=EXACT)
+    assert held.top == [0] and maximal.top == [1]
+    # The rest agree: re-drawing the decision alone is the same draw in both games.
+    assert maximal.coalition([1]) == pytest.approx(held.coalition([1]), abs=EXACT)

@@ -4,11 +4,21 @@ sufficiency, by enumerating the simulated policy's branches through the fork mac
 from __future__ import annotations
 
 from ._local import local_scheduler, run_local, run_local_scheduler
-from ._solver import ArmTruth, BranchingTooLarge, Solver, StepTruth, Truth, sim_runner, solve
+from ._solver import (
+    ArmTruth,
+    BranchingTooLarge,
+    Game,
+    Solver,
+    StepTruth,
+    Truth,
+    sim_runner,
+    solve,
+)
 
 __all__ = [
     "ArmTruth",
     "BranchingTooLarge",
+    "Game",
     "Solver",
     "StepTruth",
     "Truth",

@@ -6,6 +6,17 @@ tail, a swapped model), the solver answers with each action of the policy's dist
 turn, weighted by its probability; where a held step is re-answered with the recorded draw's
 randomness, it answers exactly as the simulated provider would. So the semantics of `held`,
 `pinned`, `live` and every intervention cannot drift between the engine and its ground truth.
+
+Two games (`Game`). `held`: a held step whose request changed lands the recorded draw's
+uniform on its new distribution (the coupled simulated provider; the held game as defined).
+`maximal`: what a job off the coupled provider estimates (`replay.Run._coupled`), with the
+true chances in place of a few draws: a held step whose request changed keeps its recorded
+decision d with probability min(1, p'(d) / p(d)) (p at its recorded request, p' at the changed
+one) and otherwise answers with an action of another decision, in proportion to p'; a step
+whose recorded decision has a share below 1 / COUPLE_MOST at its recorded request draws from
+p' (a job's few draws could not tell its share). A step that never chose (p(d) = 1) draws from
+p' under either rule. Unlike `held`, `maximal` does not depend on the order a policy lists
+its actions in.
 """
 
 from __future__ import annotations
@@ -13,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict
@@ -32,14 +44,18 @@ from ..replay import (
     is_bad,
     step_seed,
 )
+from ..replay._decisions import Decisions
 from ..replay._upstream import WireRequest, WireResponse
 from ..schedule import Arm, exact_shapley, job_arms
-from ..sim import Distribution, ScenarioPolicy, SimApp
+from ..schedule._tuning import COUPLE_MOST
+from ..sim import Distribution, ScenarioPolicy, SimApp, draw, uniform_for_seed
 from ..tape import LlmEvent, Tape
 
 MAX_PLAYERS = 12
 MAX_RUNS = 200_000
 _SEED = 0  # the solver's forks all use fork seed 0: fresh draws are told apart by step
+# What a held step whose request changed answers (see the module).
+Game = Literal["held", "maximal"]
 
 
 class BranchingTooLarge(ValueError):
@@ -55,16 +71,32 @@ class _Draw:
 
 class _EnumeratingApp(SimApp):
     """The simulated provider with its fresh draws scripted: the i-th fresh draw of a run
-    takes option `script[i]` (0 past the script), and every draw is traced."""
+    takes option `script[i]` (0 past the script), and every draw is traced. Under the
+    `maximal` game a held step whose distribution changed is a draw too (see the module),
+    once `recorded` holds the step's distribution at its recorded request."""
 
-    def __init__(self, policy: ScenarioPolicy, recorded_seed: int | None, steps: int) -> None:
+    def __init__(
+        self,
+        policy: ScenarioPolicy,
+        recorded_seed: int | None,
+        steps: int,
+        *,
+        game: Game = "held",
+        decisions: Decisions | None = None,
+    ) -> None:
         super().__init__(policy)
         span = range(steps + 64)
         # Seed 0 is a seed: a tape recorded with it re-answers held steps with its draws.
         self._held = (
-            {step_seed(recorded_seed, k) for k in span} if recorded_seed is not None else set()
+            {step_seed(recorded_seed, k): k for k in span} if recorded_seed is not None else {}
         )
         self._fresh_step = {fresh_seed(_SEED, k): k for k in span}
+        self.game = game
+        self.decisions = decisions or Decisions()
+        # Each step's distribution at its recorded request (read off its first fresh draw
+        # there, `Solver._read_recorded`).
+        self.recorded: dict[int, Distribution] = {}
+        self.fresh: dict[int, Distribution] = {}
         self.script: list[int] = []
         self.trace: list[_Draw] = []
 
@@ -72,14 +104,50 @@ class _EnumeratingApp(SimApp):
         self.script, self.trace = list(script), []
 
     def choose(self, distribution: Distribution, seed: int | None) -> Action:
-        if seed is not None and seed in self._held:
-            return super().choose(distribution, seed)
-        options = _merged(self.policy, tuple((p, a) for p, a in distribution if p > 0))
+        held = self._held.get(seed) if seed is not None else None
+        if held is not None:
+            recorded = self.recorded.get(held)
+            if self.game == "held" or recorded is None or _same(distribution, recorded):
+                return super().choose(distribution, seed)
+            return self._branch(None, self._coupled(distribution, recorded, seed))
+        step = self._fresh_step.get(seed) if seed is not None else None
+        if step is not None:
+            self.fresh.setdefault(step, tuple(distribution))
+        return self._branch(step, tuple((p, a) for p, a in distribution if p > 0))
+
+    def _branch(self, step: int | None, weighted: tuple[tuple[float, Action], ...]) -> Action:
+        options = _merged(self.policy, weighted)
         i = len(self.trace)
         chosen = self.script[i] if i < len(self.script) else 0
-        step = self._fresh_step.get(seed) if seed is not None else None
         self.trace.append(_Draw(step, options, chosen))
         return options[chosen][1]
+
+    def _coupled(
+        self, changed: Distribution, recorded: Distribution, seed: int | None
+    ) -> tuple[tuple[float, Action], ...]:
+        """The `maximal` game's answer of a held step at a changed request: each action with
+        its chance (see the module)."""
+        assert seed is not None
+        decided = self._decision(draw(recorded, uniform_for_seed(seed)))
+        p = sum(w for w, a in recorded if self._decision(a) == decided)
+        live = tuple((w, a) for w, a in changed if w > 0)
+        if p * COUPLE_MOST < 1:
+            return live
+        q = sum(w for w, a in live if self._decision(a) == decided)
+        keep = min(1.0, q / p)
+        return tuple(
+            (keep * w / q if self._decision(a) == decided else (1 - keep) * w / (1 - q), a)
+            for w, a in live
+            if (keep * w > 0 if self._decision(a) == decided else (1 - keep) * w > 0)
+        )
+
+    def _decision(self, action: Action) -> Any:
+        return self.decisions.decision(action.to_json())
+
+
+def _same(a: Distribution, b: Distribution) -> bool:
+    """Whether two distributions list the same actions with the same chances."""
+    return [(p, x) for p, x in a if p > 0] == [(p, x) for p, x in b if p > 0]
 
 
 def _merged(
@@ -163,6 +231,8 @@ class Truth(BaseModel):
     arms: list[ArmTruth]
     coalitions: dict[str, float]
     runs: int
+    # The game the values are of (`Game`): "held" (the coupled provider's) or "maximal".
+    game: str = "held"
 
     def step(self, k: int) -> StepTruth:
         return self.steps[k]
@@ -189,6 +259,7 @@ class Solver:
         *,
         max_players: int = MAX_PLAYERS,
         max_runs: int = MAX_RUNS,
+        game: Game = "held",
     ) -> None:
         if job.spec.policy is None:
             raise BranchingTooLarge(
@@ -198,7 +269,15 @@ class Solver:
         self.tape = tape
         self.max_players = max_players
         self.max_runs = max_runs
-        self.app = _EnumeratingApp(job.load("policy"), tape.header.seed, len(tape.steps))
+        self.game: Game = game
+        self.app = _EnumeratingApp(
+            job.load("policy"),
+            tape.header.seed,
+            len(tape.steps),
+            game=game,
+            decisions=job.decisions,
+        )
+        self._read = game == "held"
         upstream: Upstream = _AppUpstream(self.app)
         self.runner = ForkRunner(
             job.load("agent"),
@@ -225,6 +304,8 @@ class Solver:
         self, plan: dict[int, Intervention], tail: Tail
     ) -> list[tuple[float, ForkRow, list[_Draw]]]:
         """Every branch of one fork spec: (probability, row, the fresh draws taken)."""
+        if not self._read:
+            await self._read_recorded()
         spec = ForkSpec(tape_id=self.tape.tape_id, interventions=plan, tail=tail, seed=_SEED)
         out: list[tuple[float, ForkRow, list[_Draw]]] = []
         script: list[int] = []
@@ -256,6 +337,24 @@ class Solver:
             if i < 0:
                 return out
             script = [d.chosen for d in trace[:i]] + [trace[i].chosen + 1]
+
+    async def _read_recorded(self) -> None:
+        """Each model step's distribution at its recorded request, for the `maximal` game:
+        the first fresh draw of a fork that re-draws that step alone is made there."""
+        self._read = True
+        for event in self.tape.steps:
+            if isinstance(event, LlmEvent):
+                k = event.step
+                self.app.begin([])
+                spec = ForkSpec(
+                    tape_id=self.tape.tape_id,
+                    interventions={k: Resample()},
+                    tail="held",
+                    seed=_SEED,
+                )
+                await self.runner.run(spec)
+                if k in self.app.fresh:
+                    self.app.recorded[k] = self.app.fresh[k]
 
     async def p_bad(self, plan: dict[int, Intervention], tail: Tail) -> float:
         return sum(p for p, row, _ in await self.leaves(plan, tail) if is_bad(row.outcome or 0))
@@ -325,6 +424,7 @@ class Solver:
             arms=arms,
             coalitions={_key(sorted(s)): value for s, value in v.items()},
             runs=self.runs,
+            game=self.game,
         )
 
     async def _arm(self, arm: Arm, v: dict[frozenset[int], float]) -> ArmTruth:
@@ -365,7 +465,7 @@ def sim_runner(job: Job, tape: Tape) -> ForkRunner:
     return runner
 
 
-async def solve(job: Job, tape: Tape, **limits: int) -> Truth:
-    """The exact values of `job`'s scenario on `tape` (see `Solver`)."""
-    async with Solver(job, tape, **limits) as solver:
+async def solve(job: Job, tape: Tape, *, game: Game = "held", **limits: int) -> Truth:
+    """The exact values of `job`'s scenario on `tape` in `game` (see `Solver`)."""
+    async with Solver(job, tape, game=game, **limits) as solver:
         return await solver.solve()
