@@ -2,7 +2,8 @@
 `car-ray validate`'s suite (the noisy one included), its default job over attribution seeds,
 on the simulated provider drawing `coupled` (common random numbers: the held game exactly)
 and `seeded` (as OpenAI: an identical request with the same seed reproduces, a changed one
-is an unrelated sample), side by side in one run. Exact values are the held game's.
+is an unrelated sample), side by side in one run. Exact values are those of the game each way
+estimates: the held game on the coupled provider, the maximal game off it (`truth.Game`).
 
     .venv/bin/python benchmarks/draws.py [--seeds 10] [--processes 2] [--jobs a,b]
                                         [--draws coupled,seeded,seeded:live,unseeded]
@@ -15,8 +16,10 @@ once its request changed: `seeded` keeps its decision as an estimated maximal co
 Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the exact top
 within validate's TIE, or for a control no step's interval above 0), the whole top credited
 (every step of the exact top, both halves of an AND or of an over-determined pair, has its
-phi above every other re-drawn step's; for a control, as top-1), the share that stopped on an
-answer, and the median forks; and per way the median draws a job made off the tape (live
+phi above every other re-drawn step's; for a control, as top-1), the root right (the
+verdict's root is an observation or context arm with the highest exact flip, or, where every
+such arm's exact flip is 0, it names none), the share that stopped on an answer, and the
+median forks; and per way the median draws a job made off the tape (live
 draws, a coupling's included; a draw the forks of a seed shared counts in each, so this is
 an upper bound on the calls paid for). Figures go to benchmarks/results/draws.json.
 """
@@ -37,19 +40,33 @@ from rich.table import Table
 WAYS = ("coupled", "seeded", "seeded:live")
 
 
-def _truth(job_file: str) -> list[int]:
+def _truth(task: tuple[str, str]) -> tuple[list[int], list[int]]:
+    """The exact top and the exact roots of a scenario in a game: the observation or context
+    arms with the highest flip, if it is above 0 (none: no root)."""
     from car_ray.bench import _quiet, _solve, top_exact
+    from car_ray.results._verdict import ROOT_KINDS
     from car_ray.truth import Truth
 
     _quiet()
-    return top_exact(Truth.model_validate_json(_solve(job_file)))
+    truth = Truth.model_validate_json(_solve(*task))
+    flips = {a.step: a.flip for a in truth.arms if a.kind in ROOT_KINDS}
+    best = max(flips.values(), default=0.0)
+    roots = sorted(k for k, f in flips.items() if best > 1e-9 and f >= best - 1e-9)
+    return top_exact(truth), roots
 
 
-def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
-    job_file, way, seed, top = task
+def _game(way: str) -> str:
+    """The game a way's jobs estimate: the held game on the coupled provider, the maximal
+    one off it (with the estimated coupling; drawn live, neither)."""
+    return "held" if way == "coupled" else "maximal"
+
+
+def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...]]) -> dict[str, Any]:
+    job_file, way, seed, top, roots = task
     draws, _, live = way.partition(":")
     from car_ray.bench import _job_and_tape, _quiet, ended, top1
     from car_ray.job import Job
+    from car_ray.results._verdict import root_cause
     from car_ray.schedule import Budget
     from car_ray.truth import run_local
 
@@ -65,6 +82,8 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
     outcome, rows = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
     found, right = top1("auto", outcome.attribution, list(top))
     whole = whole_top(outcome.attribution, top) if top else right
+    named = root_cause(outcome.attribution)
+    root = None if named is None else int(named["step"])
     return {
         "job": base.folder.name,
         "draws": way,
@@ -75,6 +94,9 @@ def run(task: tuple[str, str, int, tuple[int, ...]]) -> dict[str, Any]:
         "found": found,
         "right": right,
         "whole_top": whole,
+        # The verdict's root is an exact root (or there is none, and it names none).
+        "root": root,
+        "root_right": root in roots if roots else root is None,
         "provider_draws": outcome.answer.provider_draws if outcome.answer else None,
         # Draws a fork made off the tape (live draws, a coupling's included, shared or not).
         "fresh_draws": sum(int(r.get("fresh_draws") or 0) for r in rows),
@@ -113,9 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         files = [f for f in files if Path(f).parent.name in wanted]
     ways = args.draws.split(",")
     began = time.perf_counter()
-    tops = dict(zip(files, in_processes(_truth, files, args.processes), strict=True))
+    games = sorted({(f, _game(way)) for f in files for way in ways})
+    exact = dict(zip(games, in_processes(_truth, games, args.processes), strict=True))
     tasks = [
-        (f, draws, seed, tuple(tops[f]))
+        (f, draws, seed, *(tuple(x) for x in exact[(f, _game(draws))]))
         for f in files
         for draws in ways
         for seed in range(args.seeds)
@@ -125,7 +148,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(title=f"default jobs over {args.seeds} attribution seeds, by provider draws")
     columns = ["scenario", "steps"]
     for draws in ways:
-        columns += [f"{draws} top-1", f"{draws} whole top", f"{draws} answered", f"{draws} forks"]
+        columns += [
+            f"{draws} top-1",
+            f"{draws} whole top",
+            f"{draws} root",
+            f"{draws} answered",
+            f"{draws} forks",
+        ]
     for column in columns:
         table.add_column(column, justify="left" if column == "scenario" else "right")
     summary: dict[str, Any] = {}
@@ -138,9 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             steps = runs[0]["steps"]
             cell = summary[f"{name}/{draws}"] = job_cell(runs)
             cell["whole_top"] = sum(bool(r["whole_top"]) for r in runs)
+            cell["root_right"] = sum(bool(r["root_right"]) for r in runs)
             cells += [
                 f"{cell['right']}/{len(runs)}",
                 f"{cell['whole_top']}/{len(runs)}",
+                f"{cell['root_right']}/{len(runs)}",
                 f"{cell['answered']}/{len(runs)}",
                 f"{cell['median_forks']:g}",
             ]
@@ -151,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         console.print(
             f"{draws}: top-1 right in {sum(r['right'] for r in runs)} of {len(runs)} jobs, "
             f"the whole top credited in {sum(bool(r['whole_top']) for r in runs)}, "
+            f"the root right in {sum(bool(r['root_right']) for r in runs)}, "
             f"answered {sum(r['ended'] in ANSWERS for r in runs)}, "
             f"{statistics.median(r['fresh_draws'] for r in runs):g} draws off the tape a job "
             "(median)",

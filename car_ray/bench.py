@@ -210,13 +210,15 @@ def _job_and_tape(job_file: str) -> tuple[Job, Any]:
     return _loaded[job_file]
 
 
-def _solve(job_file: str) -> str:
-    """The scenario's exact values, as JSON (`Truth.model_dump_json`)."""
+def _solve(job_file: str, game: str = "held") -> str:
+    """The scenario's exact values in `game` (`truth.Game`), as JSON (`Truth.model_dump_json`)."""
     from ._aio import run as run_loop
     from .truth import solve
 
     job, tape = _job_and_tape(job_file)
-    return run_loop(solve(job, tape)).model_dump_json()
+    return run_loop(
+        solve(job, tape, game="maximal" if game == "maximal" else "held")
+    ).model_dump_json()
 
 
 def _run(task: Task) -> Result:
