@@ -327,6 +327,36 @@ def test_a_job_on_a_provider_that_replays_nothing_says_so_in_its_answer_and_verd
     assert "replays" not in line
 
 
+def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found() -> None:
+    """jobs/support_refund_noisy on a seeded provider. Replacing the refund policy page at
+    step 3 with one that allows the refund leaves the refund decision (step 4) at least as
+    likely: its exact flip is 0 in the maximal game (and in the held one). Its arm's forks run
+    after the screen's first pass, and carry what keeping the decisions of the steps it found
+    takes; so over 8 attribution seeds the arm flips the failure in at most 6 of its 64 forks
+    (drawn live, as when the arms ran first, it flipped 14; a seed whose first pass found
+    only step 2 still draws step 4 live)."""
+    job, tape = _noisy("support_refund_noisy", sim_draws="seeded")
+    flips = forks = 0
+    for seed in range(8):
+        seeded = Job(job.path, job.spec.model_copy(update={"attribution_seed": seed}))
+        outcome, rows = run_local(seeded, tape, Budget(max_forks=70))
+        stages = [r["stage"] for r in rows]
+        first_arm = stages.index("arms")
+        assert stages.index("screen") < first_arm
+        # Every arm fork keeps the decision of each step a screen fork before it saw leave
+        # the tape.
+        found = {r["first_deviation"] for r in rows[:first_arm] if r["stage"] == "screen"}
+        found.discard(None)
+        arms = [ForkSpec.model_validate_json(r["spec"]) for r in rows if r["stage"] == "arms"]
+        assert found and all(found <= set(spec.couple or {}) for spec in arms)
+        (arm,) = [
+            r for r in outcome.attribution if r["intervention"] == "observation" and r["step"] == 3
+        ]
+        flips += round(arm["flip_rate"] * arm["flip_n"])
+        forks += arm["flip_n"]
+    assert forks == 64 and flips <= 6
+
+
 def _flips_after_step_0_changed(
     couple: dict[int, tuple[float, int]], seeds: range
 ) -> tuple[int, int, set[str]]:

@@ -10,7 +10,7 @@ from .._context import JobContext
 from .._results import StageResult, Verdict
 from .._tuning import SCREEN_CLEAN, SCREEN_FIRST, SCREEN_IN_FLIGHT
 from ..estimators import DeviationScreen
-from ._base import BaseStage, Fork, Next
+from ._base import BaseStage, Fork, Next, Stage
 from ._groups import HeldGroups, grouped
 from ._screening import probed, screen_forks, screen_result
 from ._shapley import HeldShapley
@@ -28,10 +28,23 @@ class HeldScreen(BaseStage):
 
     name = "screen"
 
-    def __init__(self, ctx: JobContext, screen: DeviationScreen | None = None) -> None:
+    def __init__(
+        self,
+        ctx: JobContext,
+        screen: DeviationScreen | None = None,
+        *,
+        arms: BaseStage | None = None,
+    ) -> None:
         super().__init__(ctx)
         self.screen = screen
         self.verdict: Verdict | None = None
+        # The arms stage that waits for the screen (off the coupled provider, `plan_of`): it
+        # runs before whatever the screen hands over to.
+        self.arms = arms
+
+    def _then(self, *stages: Stage) -> Next:
+        """Go on with `stages`, the waiting arms first."""
+        return Next(then=(*((self.arms,) if self.arms is not None else ()), *stages))
 
     def start(self) -> None:
         ctx = self.ctx
@@ -91,22 +104,22 @@ class HeldScreen(BaseStage):
             return Next(end="budget_exhausted")
         screen = self._screen
         if self._checking():
-            return Next(then=(HeldScreen(self.ctx, screen),))
+            return Next(then=(HeldScreen(self.ctx, screen, arms=self.arms),))
         if screen.candidates and not screen.moved:
             # Re-drawing every step kept the outcome SCREEN_CLEAN times: nothing to blame.
             screen.settle(screen.steps, screen.whole)
             self.verdict = ("separated", ())
-            return Next()
+            return self._then()
         if screen.candidates:
             if grouped(self.ctx, screen):
-                return Next(then=(HeldGroups(self.ctx, screen),))
-            return Next(then=(HeldShapley(self.ctx, screen),))
+                return self._then(HeldGroups(self.ctx, screen))
+            return self._then(HeldShapley(self.ctx, screen))
         if screen.clean_needed >= SCREEN_CLEAN:
             self.verdict = ("separated", ())
-            return Next()
+            return self._then()
         # Nothing found yet: clear every step to SCREEN_CLEAN before saying so.
         screen.clean_needed = SCREEN_CLEAN
-        return Next(then=(HeldScreen(self.ctx, screen),))
+        return Next(then=(HeldScreen(self.ctx, screen, arms=self.arms),))
 
     def result(self) -> tuple[StageResult, ...]:
         return (screen_result(self._screen, self.verdict),)
