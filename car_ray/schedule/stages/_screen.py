@@ -24,7 +24,9 @@ class HeldScreen(BaseStage):
     re-draws every step at once (the outcome check, `DeviationScreen.outcome`), and after
     SCREEN_CLEAN such forks that all kept the outcome it says no step is to blame, every step
     settled on them. With none found, screens again to the first find or SCREEN_CLEAN before
-    it says no step makes a choice (its result's verdict)."""
+    it says no step makes a choice (its result's verdict). With `arms` waiting for it (off the
+    coupled provider) it does not stop at its first find but looks on until every step is
+    found or cleared to SCREEN_FIRST, and runs them before whatever it hands over to."""
 
     name = "screen"
 
@@ -82,8 +84,10 @@ class HeldScreen(BaseStage):
             out = screen_forks(self.ctx, screen, room, self.pending, most, whole=True)
             self.pending += len(out)
             return out
-        if screen.done() or screen.candidates:
-            # Once a step is found, Shapley's probes screen the rest.
+        if screen.done() or (screen.candidates and self.arms is None):
+            # Once a step is found, Shapley's probes screen the rest; but arms waiting for
+            # the screen (off the coupled provider) keep the decisions of the steps it has
+            # found, so it looks for every one first.
             return None
         # The first pass goes one fork at a time, so forks in flight do not all find the
         # same step; the second (nothing found yet) SCREEN_IN_FLIGHT at a time.
