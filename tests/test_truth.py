@@ -198,6 +198,13 @@ def test_truth_cli_prints_the_table_and_json() -> None:
     assert data["players"] == [2, 4, 6] and abs(data["base_rate"] - 0.314) < 1e-9
     result = CliRunner().invoke(app, ["truth", str(RESEARCH_JOB.parent / "job.toml")])
     assert result.exit_code == 0 and "top cause: step" in result.stdout
+    assert "exact values of the held game" in result.stdout
+    job = str(COUPLING_JOB)
+    result = CliRunner().invoke(app, ["truth", job, "--game", "maximal", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["game"] == "maximal"
+    result = CliRunner().invoke(app, ["truth", job, "--game", "live"])
+    assert result.exit_code == 2 and "--game 'live': give held or maximal" in result.output
 
 
 def test_solver_refuses_a_job_without_a_policy(research_job: Job, research_tape: Tape) -> None:
