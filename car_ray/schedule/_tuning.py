@@ -86,7 +86,11 @@ RECORD: dict[str, Evidence] = {
         "9c68064",
         "plug-in: top-1 right 242 of 250 default jobs against 234 live, answered 159 against "
         "167, long_tape a median of 49 forks against 83; minimax: top-1 right 298 of 300 "
-        "(seeded) and 292 of 300 (unseeded), long_tape a median of 48 and 55 forks",
+        "(seeded) and 292 of 300 (unseeded), long_tape a median of 48 and 55 forks; swept "
+        "at a255271 (15 scenarios, 20 seeds, seeded / unseeded, scored against the maximal "
+        "game): 4.0 against 2.0 gave top-1 299/297 both, the whole top 298/295 both, the "
+        "verdict's root right 290/287 against 289/284, answered 194/191 against 194/200, "
+        "median draws off the tape a job 257/256.5 against 223/209.5: no better, more calls",
     ),
     "COUPLE_LOWER": Evidence(
         "the quantile of a recorded decision's share (Jeffreys posterior) the estimated "
@@ -99,7 +103,11 @@ RECORD: dict[str, Evidence] = {
         "and_conj seeded: step 0 (exact 0) flips 7 of 105 forks against 20 of 105; the whole "
         "top credited 297 of 300 (seeded) and 293 (unseeded) against 292 and 284, top-1 "
         "299 and 297 against 298 and 290 (one run, side by side), median draws off the tape "
-        "a job 168 and 170 against 168 and 197",
+        "a job 168 and 170 against 168 and 197; swept at a255271 (the same 15 scenarios, "
+        "seeded / unseeded, scored against the maximal game), 0.1 / 0.2 / 0.35: top-1 "
+        "299/296, 299/297, 299/297; the whole top 298/292, 298/295, 299/296; the verdict's "
+        "root right 291/289, 289/284, 285/283; answered 195/198, 194/200, 193/191: within a "
+        "few jobs of each other (unseeded draws differ run to run), so 0.2 stays",
     ),
     "COUPLE_MOST": Evidence(
         "most draws of a changed request a coupled step gets",
