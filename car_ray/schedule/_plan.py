@@ -12,14 +12,15 @@ def plan_of(ctx: JobContext) -> list[Stage]:
     mechanism): the negative control, the other arms (with a seed-honouring provider each is
     one exact fork, and Shapley may spend whatever the budget has left), then the screen,
     which hands over to the Shapley stage (`Next`); off the coupled provider the arms run
-    when the screen hands over, so that they keep the decisions of the steps it found to
-    choose. Method `uniform`: every arm `forks_per_step` times."""
+    when the screen hands over, having looked for every step that chooses, so that they keep
+    those steps' decisions. Method `uniform`: every arm `forks_per_step` times."""
     if ctx.honours_seed:
         if ctx.spec.method == "auto":
             return [HeldControl(ctx), HeldArms(ctx), HeldScreen(ctx)]
         return [Uniform(ctx)]
     if ctx.spec.method == "auto":
         # An arm's forks keep the decisions of the steps the screen has seen choose (`Seeds.
-        # couple`, fixed at a fork's seed): they wait for its first pass.
+        # couple`, fixed at a fork's seed): they wait for the screen, which looks for every
+        # one of them first.
         return [ProviderDraws(ctx), HeldControl(ctx), HeldScreen(ctx, arms=HeldArms(ctx))]
     return [ProviderDraws(ctx), Uniform(ctx)]
