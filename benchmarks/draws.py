@@ -56,9 +56,11 @@ def _truth(task: tuple[str, str]) -> tuple[list[int], list[int]]:
 
 
 def _game(way: str) -> str:
-    """The game a way's jobs estimate: the held game on the coupled provider, the maximal
-    one off it (with the estimated coupling; drawn live, neither)."""
-    return "held" if way == "coupled" else "maximal"
+    """The game a way's jobs estimate (`truth.game_of`; `seeded:live`, drawn live, estimates
+    neither, and is scored against the maximal one)."""
+    from car_ray.truth import game_of
+
+    return game_of(way.partition(":")[0])
 
 
 def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...]]) -> dict[str, Any]:

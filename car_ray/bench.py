@@ -91,7 +91,7 @@ from ._answer import Answer
 from ._notes import Note
 from .job import Job, load_job
 from .schedule import Budget, job_arms
-from .truth import Truth
+from .truth import Game, Truth
 from .validate import SLACK, TIE, score, suite
 
 Scheme = Literal["auto", "uniform-live", "uniform-pinned", "uniform-held"]
@@ -210,15 +210,13 @@ def _job_and_tape(job_file: str) -> tuple[Job, Any]:
     return _loaded[job_file]
 
 
-def _solve(job_file: str, game: str = "held") -> str:
-    """The scenario's exact values in `game` (`truth.Game`), as JSON (`Truth.model_dump_json`)."""
+def _solve(job_file: str, game: Game = "held") -> str:
+    """The scenario's exact values in `game`, as JSON (`Truth.model_dump_json`)."""
     from ._aio import run as run_loop
     from .truth import solve
 
     job, tape = _job_and_tape(job_file)
-    return run_loop(
-        solve(job, tape, game="maximal" if game == "maximal" else "held")
-    ).model_dump_json()
+    return run_loop(solve(job, tape, game=game)).model_dump_json()
 
 
 def _run(task: Task) -> Result:

@@ -24,7 +24,7 @@ from ._notes import Note
 from ._scenario import ensure_tape
 from .job import Job, load_job
 from .providers import Draws
-from .truth import Truth, solve
+from .truth import Truth, game_of, solve
 
 TIE = 0.05  # exact phi this close to the best counts as a top cause too
 SLACK = 1e-9
@@ -213,8 +213,7 @@ def validate(
                 update = {"attribution_seed": seed, "provider": provider}
                 job = Job(job.path, job.spec.model_copy(update=update))
                 tape = ensure_tape(job, on_record=lambda line: console.print(line, markup=False))
-                # Off the coupled provider a job estimates the maximal game: score it there.
-                truth = run_loop(solve(job, tape, game="held" if draws == "coupled" else "maximal"))
+                truth = run_loop(solve(job, tape, game=game_of(draws)))
                 _, outcome = attribute(
                     job,
                     tape=tape,

@@ -14,13 +14,12 @@ def plan_of(ctx: JobContext) -> list[Stage]:
     which hands over to the Shapley stage (`Next`); off the coupled provider the arms run
     when the screen hands over, having looked for every step that chooses, so that they keep
     those steps' decisions. Method `uniform`: every arm `forks_per_step` times."""
+    first: list[Stage] = [] if ctx.honours_seed else [ProviderDraws(ctx)]
+    if ctx.spec.method != "auto":
+        return [*first, Uniform(ctx)]
     if ctx.honours_seed:
-        if ctx.spec.method == "auto":
-            return [HeldControl(ctx), HeldArms(ctx), HeldScreen(ctx)]
-        return [Uniform(ctx)]
-    if ctx.spec.method == "auto":
-        # An arm's forks keep the decisions of the steps the screen has seen choose (`Seeds.
-        # couple`, fixed at a fork's seed): they wait for the screen, which looks for every
-        # one of them first.
-        return [ProviderDraws(ctx), HeldControl(ctx), HeldScreen(ctx, arms=HeldArms(ctx))]
-    return [ProviderDraws(ctx), Uniform(ctx)]
+        return [HeldControl(ctx), HeldArms(ctx), HeldScreen(ctx)]
+    # An arm's forks keep the decisions of the steps the screen has seen choose (`Seeds.
+    # couple`, fixed at a fork's seed): they wait for the screen, which looks for every one
+    # of them first.
+    return [*first, HeldControl(ctx), HeldScreen(ctx, arms=HeldArms(ctx))]

@@ -11,6 +11,7 @@ from ._solver import (
     Solver,
     StepTruth,
     Truth,
+    game_of,
     sim_runner,
     solve,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "Solver",
     "StepTruth",
     "Truth",
+    "game_of",
     "local_scheduler",
     "run_local",
     "run_local_scheduler",

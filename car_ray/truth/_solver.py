@@ -58,6 +58,12 @@ _SEED = 0  # the solver's forks all use fork seed 0: fresh draws are told apart 
 Game = Literal["held", "maximal"]
 
 
+def game_of(draws: str) -> Game:
+    """The game a job estimates on a simulated provider drawing `draws` (`sim_draws`): the
+    held game on the coupled one, the maximal game off it (with the estimated coupling)."""
+    return "held" if draws == "coupled" else "maximal"
+
+
 class BranchingTooLarge(ValueError):
     """The scenario's tree is too large to enumerate: says where and what to do."""
 
@@ -231,8 +237,8 @@ class Truth(BaseModel):
     arms: list[ArmTruth]
     coalitions: dict[str, float]
     runs: int
-    # The game the values are of (`Game`): "held" (the coupled provider's) or "maximal".
-    game: str = "held"
+    # The game the values are of: "held" (the coupled provider's) or "maximal".
+    game: Game = "held"
 
     def step(self, k: int) -> StepTruth:
         return self.steps[k]

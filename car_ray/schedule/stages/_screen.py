@@ -35,7 +35,7 @@ class HeldScreen(BaseStage):
         ctx: JobContext,
         screen: DeviationScreen | None = None,
         *,
-        arms: BaseStage | None = None,
+        arms: Stage | None = None,
     ) -> None:
         super().__init__(ctx)
         self.screen = screen
