@@ -17,11 +17,12 @@ Printed per scenario and way: top-1 right (the rank-1 re-drawn step among the ex
 within validate's TIE, or for a control no step's interval above 0), the whole top credited
 (every step of the exact top, both halves of an AND or of an over-determined pair, has its
 phi above every other re-drawn step's; for a control, as top-1), the root right (the
-verdict's root is an observation or context arm with the highest exact flip, or, where every
-such arm's exact flip is 0, it names none), the share that stopped on an answer, and the
-median forks; and per way the median draws a job made off the tape (live
-draws, a coupling's included; a draw the forks of a seed shared counts in each, so this is
-an upper bound on the calls paid for). Figures go to benchmarks/results/draws.json.
+verdict's root is an observation or context arm with the highest exact flip, or, where no
+such arm's exact flip is above one half, as `results.is_root` asks of a root, it names
+none), the share that stopped on an answer, and the median forks; and per way the median
+draws a job made off the tape (live draws, a coupling's included; a draw the forks of a
+seed shared counts in each, so this is an upper bound on the calls paid for). Figures go
+to benchmarks/results/draws.json.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ WAYS = ("coupled", "seeded", "seeded:live")
 
 def _truth(task: tuple[str, str]) -> tuple[list[int], list[int]]:
     """The exact top and the exact roots of a scenario in a game: the observation or context
-    arms with the highest flip, if it is above 0 (none: no root)."""
+    arms with the highest flip, if it is above one half (none: no root, `results.is_root`)."""
     from car_ray.bench import _quiet, _solve, top_exact
     from car_ray.results._verdict import ROOT_KINDS
     from car_ray.truth import Truth
@@ -51,7 +52,7 @@ def _truth(task: tuple[str, str]) -> tuple[list[int], list[int]]:
     truth = Truth.model_validate_json(_solve(*task))
     flips = {a.step: a.flip for a in truth.arms if a.kind in ROOT_KINDS}
     best = max(flips.values(), default=0.0)
-    roots = sorted(k for k, f in flips.items() if best > 1e-9 and f >= best - 1e-9)
+    roots = sorted(k for k, f in flips.items() if best > 0.5 and f >= best - 1e-9)
     return top_exact(truth), roots
 
 
@@ -68,7 +69,7 @@ def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...]]) -> dict[st
     draws, _, live = way.partition(":")
     from car_ray.bench import _job_and_tape, _quiet, ended, top1
     from car_ray.job import Job
-    from car_ray.results._verdict import root_cause
+    from car_ray.results import root_cause
     from car_ray.schedule import Budget
     from car_ray.truth import run_local
 

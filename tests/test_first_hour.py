@@ -22,6 +22,7 @@ from car_ray.cli import app
 from car_ray.report import render_report
 from car_ray.results import Answer, JobInfo, verdict
 from car_ray.schedule import JobOutcome, Progress
+from car_ray.schedule._interval import wilson
 from car_ray.tape import Tape
 
 from .conftest import SUPPORT_JOB, support_job_file
@@ -117,6 +118,37 @@ def test_the_verdict_names_the_root_and_where_the_agent_went_wrong(support_tape:
     shown = page.index("the agent went wrong at step 4, where the model called issue_refund(")
     assert page.index("is the root: replacing it clears the failure") < shown
     assert shown < page.index('id="charts"')
+
+
+def test_an_input_whose_replacement_clears_the_failure_less_often_than_not_is_no_root(
+    support_tape: Tape,
+) -> None:
+    """The root is an input without which the failure mostly does not happen: replacing it
+    clears the failure in more than half its forks (and its interval is above 0). One flip
+    in eight (a coupling's error off the coupled provider makes as many where the exact
+    flip is 0) names no root: the line names the step to fix, and with no re-drawn step to
+    blame it reports the arm's flip-rate without calling it the root. Five in eight does."""
+    from car_ray.results import root_cause
+
+    def with_arm(rows: list[dict[str, Any]], flips: int) -> list[dict[str, Any]]:
+        lo, hi = wilson(flips, 8, 0.05)
+        arm = {"flip_rate": flips / 8, "flip_lo": lo, "flip_hi": hi}
+        return [{**r, **arm} if r["step"] == 1 else r for r in rows]
+
+    weak = with_arm(_rows(), 1)
+    assert root_cause(weak) is None
+    line = verdict(weak, support_tape)
+    assert line.startswith(f"verdict: fix step 4, where {REFUND_CALL}"), line
+    assert "root" not in line
+    line = verdict([r for r in weak if r["intervention"] != "resample"], support_tape)
+    assert line.startswith("verdict: the observation intervention at step 1, where"), line
+    assert "flips the outcome 0.12 [0.02, 0.47]" in line and "root" not in line
+    # At exactly one half the failure happens as often without it: no root either.
+    assert root_cause(with_arm(_rows(), 4)) is None
+    strong = with_arm(_rows(), 5)
+    assert root_cause(strong) is not None
+    line = verdict(strong, support_tape)
+    assert ") is the root: replacing it clears the failure 62% of the time [0.31, 0.86]; " in line
 
 
 def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fix(

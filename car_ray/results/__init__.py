@@ -53,7 +53,15 @@ from ._rows import (
     fork_record,
 )
 from ._summary import summarize
-from ._verdict import answer_of, describe_entry, describe_step, top_cause, verdict
+from ._verdict import (
+    answer_of,
+    describe_entry,
+    describe_step,
+    is_root,
+    root_cause,
+    top_cause,
+    verdict,
+)
 
 __all__ = [
     "ATTRIBUTION_SCHEMA",
@@ -96,10 +104,12 @@ __all__ = [
     "fork_record",
     "has_job",
     "hold_job",
+    "is_root",
     "is_uri",
     "job_location",
     "read_attribution",
     "read_rows",
+    "root_cause",
     "shown",
     "split_job_location",
     "steps_text",

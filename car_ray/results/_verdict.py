@@ -157,14 +157,24 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
 ROOT_KINDS = ("observation", "context")
 
 
+def is_root(row: Row) -> bool:
+    """Whether an arm shows the failure's root: it changes what the agent was given
+    (`ROOT_KINDS`), and replacing that clears the failure more often than not (its flip-rate
+    above one half) and surely sometimes (its interval above 0). An input whose replacement
+    clears the failure less often is shown with its flip-rate, not named the root: the
+    failure mostly happens without it."""
+    return (
+        row.get("intervention") in ROOT_KINDS
+        and (row.get("flip_lo") or 0.0) > 0
+        and (row.get("flip_rate") or 0.0) > 0.5
+    )
+
+
 def root_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] | None:
     """The failure's root, where the job's interventions on what the agent was given show
-    one: the observation or context intervention with the highest flip-rate lower bound, if
-    that bound is above 0 (replacing that tool result, or editing that request, clears the
-    failure). None otherwise."""
-    arms = [
-        r for r in rows if r.get("intervention") in ROOT_KINDS and (r.get("flip_lo") or 0.0) > 0
-    ]
+    one (`is_root`): of those, the one with the highest flip-rate lower bound. None
+    otherwise."""
+    arms = [r for r in rows if is_root(r)]
     if not arms:
         return None
     r = min(arms, key=lambda r: (-r["flip_lo"], -(r.get("flip_rate") or 0.0), r["step"]))
@@ -309,7 +319,7 @@ def _verdict(
             if r.get("intervention") == "resample" and r.get("phi_hi") is not None
         ]
         lead = f"no re-drawn step showed blame (each φ at most {_up(max(room))}); " if room else ""
-    if top["intervention"] in ROOT_KINDS:
+    if top["intervention"] in ROOT_KINDS and root_cause(rows, tape) is not None:
         root = {"intervention": top["intervention"], **s}
         blame = f"; {lead.removesuffix('; ')}" if lead else ""
         return f"verdict: {_root_text(root)}{level}{blame}"
