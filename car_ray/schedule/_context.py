@@ -17,6 +17,7 @@ from ..execute import Row
 from ..job import Job, JobSpec
 from ..replay import ForkSpec, Intervention, Probe, Tail
 from ..tape import LlmEvent, Tape, ToolEvent
+from .estimators import DecisionShares
 from .rules import Answering, ShapleyWindow, StopRule
 
 # A coalition of steps, sorted: how Shapley rows are keyed, end to end.
@@ -228,6 +229,9 @@ class JobContext:
     honours_seed: bool = True
     # `--more`: a separated top does not end the Shapley stage; intervals within the target do.
     precise_only: bool = False
+    # How often each step re-drawn at its recorded request made its recorded decision (the
+    # estimated coupling's shares, off the coupled provider; None: not kept).
+    shares: DecisionShares | None = None
 
     @property
     def alpha(self) -> float:

@@ -182,6 +182,7 @@ class Scheduler:
             go_on=self.governor.go_on,
             honours_seed=honours_seed,
             precise_only=precise_only,
+            shares=self.shares,
         )
         self.plan = plan
         self.results = Results()

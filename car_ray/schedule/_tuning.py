@@ -45,6 +45,7 @@ SIGN_PRIOR = 12.0
 CLEAR_GRID_RATIO = 1.15
 # -- the other arms -------------------------------------------------------------------------------
 ARM_FORKS = 8
+SHARE_FIRST = 4
 # -- what the provider does with a seed -----------------------------------------------------------
 DRAWS_STEPS = 3
 COUPLE_SPAN = 2.0
@@ -254,6 +255,14 @@ RECORD: dict[str, Evidence] = {
         _NOT_MEASURED,
         "08b2109",
         "none",
+    ),
+    "SHARE_FIRST": Evidence(
+        "draws at its recorded request each step seen to choose has before the arms run off "
+        "the coupled provider (`HeldScreen`): forks re-drawing it alone make up the rest",
+        "benchmarks/draws.py --seeds 20 --draws seeded,unseeded on the eight scenarios with "
+        "observation arms, against none (the draw or two that found the step)",
+        "(this commit)",
+        "(see the commit)",
     ),
     "DEFAULT_FORKS_PER_STEP": Evidence(
         "the fork cap per step of a job that sets no cap",

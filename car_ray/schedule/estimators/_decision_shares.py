@@ -40,6 +40,10 @@ class DecisionShares:
             else:
                 self.kept[k] += 1
 
+    def draws(self, k: int) -> int:
+        """Step k's draws at its recorded request seen so far."""
+        return self.kept[k] + self.left[k]
+
     def share(self, k: int) -> float:
         """The recorded decision's share of step k's draws at its recorded request, with one
         draw each way added (Laplace's rule: a step found at its first draw is not taken

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ...execute import Row
-from ...replay import ForkSpec
+from ...replay import ForkSpec, Intervention, Resample
 from .._context import JobContext
 from .._results import StageResult, Verdict
-from .._tuning import SCREEN_CLEAN, SCREEN_FIRST, SCREEN_IN_FLIGHT
+from .._tuning import SCREEN_CLEAN, SCREEN_FIRST, SCREEN_IN_FLIGHT, SHARE_FIRST
 from ..estimators import DeviationScreen
 from ._base import BaseStage, Fork, Next, Stage
 from ._groups import HeldGroups, grouped
@@ -26,7 +27,11 @@ class HeldScreen(BaseStage):
     settled on them. With none found, screens again to the first find or SCREEN_CLEAN before
     it says no step makes a choice (its result's verdict). With `arms` waiting for it (off the
     coupled provider) it does not stop at its first find but looks on until every step is
-    found or cleared to SCREEN_FIRST, and runs them before whatever it hands over to."""
+    found or cleared to SCREEN_FIRST, re-draws each step it found alone at its recorded
+    request until it has SHARE_FIRST draws there (`DecisionShares`: the share the arms'
+    couplings read; a step found at its first draw reads as rare, and its decision is then
+    kept far too often), and runs them before whatever it hands over to (not before the
+    group game, whose steps' words change at every draw)."""
 
     name = "screen"
 
@@ -43,6 +48,8 @@ class HeldScreen(BaseStage):
         # The arms stage that waits for the screen (off the coupled provider, `plan_of`): it
         # runs before whatever the screen hands over to.
         self.arms = arms
+        # Forks in flight that re-draw one found step for its share, by step.
+        self.sharing: Counter[int] = Counter()
 
     def _then(self, *stages: Stage) -> Next:
         """Go on with `stages`, the waiting arms first."""
@@ -87,8 +94,8 @@ class HeldScreen(BaseStage):
         if screen.done() or (screen.candidates and self.arms is None):
             # Once a step is found, Shapley's probes screen the rest; but arms waiting for
             # the screen (off the coupled provider) keep the decisions of the steps it has
-            # found, so it looks for every one first.
-            return None
+            # found, so it looks for every one first, and reads their shares.
+            return self._share_forks(room) if self.arms is not None else None
         # The first pass goes one fork at a time, so forks in flight do not all find the
         # same step; the second (nothing found yet) SCREEN_IN_FLIGHT at a time.
         first = screen.clean_needed < SCREEN_CLEAN
@@ -96,12 +103,46 @@ class HeldScreen(BaseStage):
         self.pending += len(out)
         return out
 
+    def _share_forks(self, room: int) -> list[Fork] | None:
+        """Forks that re-draw one found step alone (the rest held, so it is drawn at its
+        recorded request), until each step the coupling keeps has SHARE_FIRST draws there,
+        counting those in flight; `[]` while room is short, None once none is owed. None
+        where the job has no other arm, and before the group game (`grouped`)."""
+        shares, screen = self.ctx.shares, self._screen
+        others = any(a.kind != "resample" for a in self.ctx.arms)
+        if shares is None or not others or grouped(self.ctx, screen):
+            return None
+        coupled = shares.coupling()
+        out: list[Fork] = []
+        owed = False
+        for k in screen.candidates:
+            if k not in coupled:
+                continue  # drawn live: its share is not read
+            for _ in range(SHARE_FIRST - shares.draws(k) - self.sharing[k]):
+                if len(out) >= room:
+                    owed = True
+                    break
+                plan: dict[int, Intervention] = {k: Resample()}
+                out.append(("screen", self.ctx.seeds.fork("screen", "block", plan, "held")))
+                self.sharing[k] += 1
+        self.pending += len(out)
+        return out if out or owed else None
+
+    def _shared(self, spec: ForkSpec) -> None:
+        """A fork of `_share_forks` is no longer in flight."""
+        (k,) = spec.interventions if len(spec.interventions) == 1 else (None,)
+        if k is not None and self.sharing[k] > 0:
+            self.sharing[k] -= 1
+
     def observe(self, row: Row) -> None:
         self.pending -= 1
-        self._observe(ForkSpec.model_validate_json(row["spec"]), row)
+        spec = ForkSpec.model_validate_json(row["spec"])
+        self._shared(spec)
+        self._observe(spec, row)
 
     def unrun(self, spec: ForkSpec) -> None:
         self.pending -= 1
+        self._shared(spec)
 
     def done(self, exhausted: bool) -> Next:
         if exhausted:
