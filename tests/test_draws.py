@@ -334,7 +334,17 @@ def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found()
     after the screen's first pass, and carry what keeping the decisions of the steps it found
     takes; so over 8 attribution seeds the arm flips the failure in at most 6 of its 64 forks
     (drawn live, as when the arms ran first, it flipped 14; a seed whose first pass found
-    only step 2 still draws step 4 live)."""
+    only step 2 still draws step 4 live).
+
+    Before the arms, each step it found has SHARE_FIRST draws at its recorded request, so
+    the arms' couplings read its share from more than the draw that found it: the clean
+    order note at step 1 (exact flip 0.94) is the verdict's root in all 8 jobs (with the
+    refund decision's share read from its one or two draws, 0.125 to 0.25 against 0.8, the
+    note kept the refund about half the time, and 2 of these 8 named no root)."""
+    from car_ray.results import root_cause
+    from car_ray.schedule._tuning import SHARE_FIRST
+    from car_ray.schedule.estimators import DecisionShares
+
     job, tape = _noisy("support_refund_noisy", sim_draws="seeded")
     flips = forks = 0
     for seed in range(8):
@@ -344,16 +354,23 @@ def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found()
         first_arm = stages.index("arms")
         assert stages.index("screen") < first_arm
         # Every arm fork keeps the decision of each step a screen fork before it saw leave
-        # the tape.
+        # the tape, and had SHARE_FIRST draws of it at its recorded request to read.
         found = {r["first_deviation"] for r in rows[:first_arm] if r["stage"] == "screen"}
         found.discard(None)
         arms = [ForkSpec.model_validate_json(r["spec"]) for r in rows if r["stage"] == "arms"]
         assert found and all(found <= set(spec.couple or {}) for spec in arms)
+        shares = DecisionShares(most=8, span=2.0, lower=0.2)
+        for r in rows[:first_arm]:
+            if r["outcome"] is not None:
+                shares.observe(ForkSpec.model_validate_json(r["spec"]), r["first_deviation"])
+        assert all(shares.draws(k) >= SHARE_FIRST for k in found), dict(shares.kept)
         (arm,) = [
             r for r in outcome.attribution if r["intervention"] == "observation" and r["step"] == 3
         ]
         flips += round(arm["flip_rate"] * arm["flip_n"])
         forks += arm["flip_n"]
+        root = root_cause(outcome.attribution)
+        assert root is not None and root["step"] == 1, (seed, root)
     assert forks == 64 and flips <= 6
 
 
