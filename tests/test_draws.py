@@ -374,6 +374,29 @@ def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found()
     assert forks == 64 and flips <= 6
 
 
+def test_a_job_stopped_while_the_screen_reads_shares_resumes_to_the_same_forks() -> None:
+    """jobs/support_refund_noisy on a seeded provider, attribution seed 5: stopped by its cap
+    while the screen re-draws a found step alone for its share (before the arms), and run
+    again with the rows it wrote, the job asks for the forks the job run in one go asks for,
+    and answers the same."""
+    from car_ray.truth._local import run_local_scheduler
+
+    job, tape = _noisy("support_refund_noisy", sim_draws="seeded")
+    job = Job(job.path, job.spec.model_copy(update={"attribution_seed": 5}))
+    whole, whole_rows, _ = run_local_scheduler(job, tape, Budget(max_forks=70))
+    first, first_rows, _ = run_local_scheduler(job, tape, Budget(max_forks=11))
+    # It stopped on a screen fork of one step the screen had already found.
+    last = ForkSpec.model_validate_json(first_rows[-1]["spec"])
+    found = {r["first_deviation"] for r in first_rows[:-1] if r["stage"] == "screen"}
+    assert first.status == "budget_exhausted"
+    assert first_rows[-1]["stage"] == "screen" and set(last.interventions) <= found
+    rest, rest_rows, _ = run_local_scheduler(job, tape, Budget(max_forks=70), already=first_rows)
+    assert sorted(r["task_id"] for r in first_rows + rest_rows) == sorted(
+        r["task_id"] for r in whole_rows
+    )
+    assert rest.answer == whole.answer
+
+
 def _flips_after_step_0_changed(
     couple: dict[int, tuple[float, int]], seeds: range
 ) -> tuple[int, int, set[str]]:
