@@ -149,6 +149,17 @@ def test_an_input_whose_replacement_clears_the_failure_less_often_than_not_is_no
     assert root_cause(strong) is not None
     line = verdict(strong, support_tape)
     assert ") is the root: replacing it clears the failure 62% of the time [0.31, 0.86]; " in line
+    # Without a blamed step the root is still the one named, not an arm with more forks
+    # whose lower bound is higher but whose flip-rate is not above one half (14 of 29:
+    # 0.48 [0.31, 0.66]).
+    lo, hi = wilson(14, 29, 0.05)
+    wide = {"flip_rate": 14 / 29, "flip_lo": lo, "flip_hi": hi, "flip_n": 29}
+    arms = [
+        {**r, **wide} if r["step"] == 3 else r for r in strong if r["intervention"] != "resample"
+    ]
+    line = verdict(arms, support_tape)
+    assert line.startswith("verdict: the tool result at step 1 (lookup_order returned"), line
+    assert "clears the failure 62% of the time" in line and "48%" not in line
 
 
 def test_a_job_whose_budget_ended_before_its_top_separated_names_a_lead_not_a_fix(

@@ -319,8 +319,11 @@ def _verdict(
             if r.get("intervention") == "resample" and r.get("phi_hi") is not None
         ]
         lead = f"no re-drawn step showed blame (each φ at most {_up(max(room))}); " if room else ""
-    if top["intervention"] in ROOT_KINDS and root_cause(rows, tape) is not None:
-        root = {"intervention": top["intervention"], **s}
+    root = root_cause(rows, tape)
+    if root is not None:
+        # The root, as the line with a blamed step names it: not the arm with the highest
+        # lower bound where that one is not a root (an arm with more forks, at or below one
+        # half, can have a higher one).
         blame = f"; {lead.removesuffix('; ')}" if lead else ""
         return f"verdict: {_root_text(root)}{level}{blame}"
     return (

@@ -27,11 +27,12 @@ class HeldScreen(BaseStage):
     settled on them. With none found, screens again to the first find or SCREEN_CLEAN before
     it says no step makes a choice (its result's verdict). With `arms` waiting for it (off the
     coupled provider) it does not stop at its first find but looks on until every step is
-    found or cleared to SCREEN_FIRST, re-draws each step it found alone at its recorded
-    request until it has SHARE_FIRST draws there (`DecisionShares`: the share the arms'
-    couplings read; a step found at its first draw reads as rare, and its decision is then
-    kept far too often), and runs them before whatever it hands over to (not before the
-    group game, whose steps' words change at every draw)."""
+    found or cleared to SCREEN_FIRST, asks for the forks that re-draw each step it found
+    alone at its recorded request up to SHARE_FIRST draws there (`DecisionShares`: the share
+    the arms' couplings read; a step found at its first draw reads as rare, and its
+    decision is then kept far too often; a fork that brings back no draw is not replaced),
+    and runs them before whatever it hands over to (not before the group game, whose steps'
+    words change at every draw)."""
 
     name = "screen"
 
@@ -48,8 +49,8 @@ class HeldScreen(BaseStage):
         # The arms stage that waits for the screen (off the coupled provider, `plan_of`): it
         # runs before whatever the screen hands over to.
         self.arms = arms
-        # Forks in flight that re-draw one found step for its share, by step.
-        self.sharing: Counter[int] = Counter()
+        # Forks in flight that re-draw one found step for its share: the step, by task id.
+        self.sharing: dict[str, int] = {}
 
     def _then(self, *stages: Stage) -> Next:
         """Go on with `stages`, the waiting arms first."""
@@ -105,44 +106,41 @@ class HeldScreen(BaseStage):
 
     def _share_forks(self, room: int) -> list[Fork] | None:
         """Forks that re-draw one found step alone (the rest held, so it is drawn at its
-        recorded request), until each step the coupling keeps has SHARE_FIRST draws there,
-        counting those in flight; `[]` while room is short, None once none is owed. None
-        where the job has no other arm, and before the group game (`grouped`)."""
+        recorded request), as many as bring each step the coupling keeps to SHARE_FIRST
+        draws there, counting those in flight; `[]` while room is short, None once none is
+        owed (a fork that comes back without a draw is not replaced). None where the job
+        has no other arm, and before the group game (`grouped`)."""
         shares, screen = self.ctx.shares, self._screen
         others = any(a.kind != "resample" for a in self.ctx.arms)
         if shares is None or not others or grouped(self.ctx, screen):
             return None
         coupled = shares.coupling()
+        flying = Counter(self.sharing.values())
         out: list[Fork] = []
         owed = False
         for k in screen.candidates:
             if k not in coupled:
                 continue  # drawn live: its share is not read
-            for _ in range(SHARE_FIRST - shares.draws(k) - self.sharing[k]):
+            for _ in range(SHARE_FIRST - shares.draws(k) - flying[k]):
                 if len(out) >= room:
                     owed = True
                     break
                 plan: dict[int, Intervention] = {k: Resample()}
-                out.append(("screen", self.ctx.seeds.fork("screen", "block", plan, "held")))
-                self.sharing[k] += 1
+                spec = self.ctx.seeds.fork("screen", "block", plan, "held")
+                out.append(("screen", spec))
+                self.sharing[spec.task_id] = k
         self.pending += len(out)
         return out if out or owed else None
-
-    def _shared(self, spec: ForkSpec) -> None:
-        """A fork of `_share_forks` is no longer in flight."""
-        (k,) = spec.interventions if len(spec.interventions) == 1 else (None,)
-        if k is not None and self.sharing[k] > 0:
-            self.sharing[k] -= 1
 
     def observe(self, row: Row) -> None:
         self.pending -= 1
         spec = ForkSpec.model_validate_json(row["spec"])
-        self._shared(spec)
+        self.sharing.pop(spec.task_id, None)
         self._observe(spec, row)
 
     def unrun(self, spec: ForkSpec) -> None:
         self.pending -= 1
-        self._shared(spec)
+        self.sharing.pop(spec.task_id, None)
 
     def done(self, exhausted: bool) -> Next:
         if exhausted:
