@@ -332,9 +332,9 @@ def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found()
     step 3 with one that allows the refund leaves the refund decision (step 4) at least as
     likely: its exact flip is 0 in the maximal game (and in the held one). Its arm's forks run
     after the screen's first pass, and carry what keeping the decisions of the steps it found
-    takes; so over 8 attribution seeds the arm flips the failure in at most 6 of its 64 forks
-    (drawn live, as when the arms ran first, it flipped 14; a seed whose first pass found
-    only step 2 still draws step 4 live).
+    takes; so over 8 attribution seeds the arm flips the failure in at most 6 of its forks
+    (5 or 8 a job; drawn live, as when the arms ran first, it flipped 14 of 64; a seed whose
+    first pass found only step 2 still draws step 4 live).
 
     Before the arms, each step it found has SHARE_FIRST draws at its recorded request, so
     the arms' couplings read its share from more than the draw that found it: the clean
@@ -371,7 +371,13 @@ def test_off_the_coupled_provider_the_arms_keep_the_decisions_the_screen_found()
         forks += arm["flip_n"]
         root = root_cause(outcome.attribution)
         assert root is not None and root["step"] == 1, (seed, root)
-    assert forks == 64 and flips <= 6
+        # An observation arm stops after 5 forks only where the other 3 could not change
+        # whether it is the root (0, 1 or 5 flips), and runs all 8 otherwise.
+        for r in outcome.attribution:
+            if r["intervention"] == "observation":
+                got = round(r["flip_rate"] * r["flip_n"])
+                assert r["flip_n"] == 8 or (r["flip_n"] == 5 and got in (0, 1, 5)), r
+    assert forks <= 64 and flips <= 6
 
 
 def test_a_job_stopped_while_the_screen_reads_shares_resumes_to_the_same_forks() -> None:

@@ -155,6 +155,8 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
 # The interventions that change what the agent was given, not what it decided: one that clears
 # the failure names its root.
 ROOT_KINDS = ("observation", "context")
+# The share of its forks a root's replacement clears the failure in, at least (above it).
+ROOT_SHARE = 0.5
 
 
 def is_root(row: Row) -> bool:
@@ -166,7 +168,7 @@ def is_root(row: Row) -> bool:
     return (
         row.get("intervention") in ROOT_KINDS
         and (row.get("flip_lo") or 0.0) > 0
-        and (row.get("flip_rate") or 0.0) > 0.5
+        and (row.get("flip_rate") or 0.0) > ROOT_SHARE
     )
 
 

@@ -45,6 +45,7 @@ SIGN_PRIOR = 12.0
 CLEAR_GRID_RATIO = 1.15
 # -- the other arms -------------------------------------------------------------------------------
 ARM_FORKS = 8
+ARM_FIRST = 5
 SHARE_FIRST = 4
 # -- what the provider does with a seed -----------------------------------------------------------
 DRAWS_STEPS = 3
@@ -255,6 +256,14 @@ RECORD: dict[str, Evidence] = {
         _NOT_MEASURED,
         "08b2109",
         "none",
+    ),
+    "ARM_FIRST": Evidence(
+        "forks an observation or context arm runs before it asks whether the rest of its "
+        "ARM_FORKS could change whether it is the root (`HeldArms`)",
+        "reasoning: with 8 forks the root needs 5 flips; after 5 forks one look settles "
+        "the arms with 0, 1 or 5 flips (after 4, only those with 0)",
+        "(this commit)",
+        "(see the commit)",
     ),
     "SHARE_FIRST": Evidence(
         "draws at its recorded request each step seen to choose has before the arms run off "
