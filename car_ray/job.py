@@ -140,7 +140,8 @@ class JobSpec(BaseModel):
     out: str = "out"
     # What a model step's decision is (`replay.Decisions`): "actions" compares whole actions;
     # "decisions" reads tool calls, and a text answer through `decision_text` (regexes whose
-    # groups, or whole match, are the decision; no match: the whole text).
+    # groups, or whole match, are the decision; no match: the whole text). A job file that
+    # does not say gets it by its provider (`_hold_by_provider`).
     hold: Literal["actions", "decisions"] = "actions"
     decision_text: list[str] = Field(default_factory=list)
     # Where the provider cannot replay a draw for a changed request (any but the coupled
@@ -153,6 +154,26 @@ class JobSpec(BaseModel):
     )
     budget: BudgetSettings = Field(default_factory=BudgetSettings)
     provider: ProviderSettings = Field(default_factory=ProviderSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hold_by_provider(cls, data: Any) -> Any:
+        """`hold` where the job file does not set it: "decisions" against a provider that
+        cannot replay a draw for a changed request (a base URL, or the simulated provider
+        drawing otherwise than `coupled`), whose model words its answers anew at every
+        draw, so that a step that only reworded its decision is not taken for a choice;
+        "actions" on the coupled simulated provider (whose job ids and forks it keeps)."""
+        if not isinstance(data, dict) or "hold" in data:
+            return data
+        provider = data.get("provider") or {}
+        if isinstance(provider, BaseModel):
+            provider = provider.model_dump()
+        if not isinstance(provider, dict):
+            return data  # the provider's own validation names what is wrong
+        urls = ("base_url", "openai_base_url", "anthropic_base_url")
+        live = any(provider.get(k) is not None for k in urls)
+        live = live or provider.get("sim_draws", "coupled") != "coupled"
+        return {**data, "hold": "decisions" if live else "actions"}
 
     @field_validator("decision_text")
     @classmethod
