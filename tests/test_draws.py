@@ -25,7 +25,7 @@ from car_ray.schedule.stages import ProviderDraws
 from car_ray.sim import SimApp, SimServer
 from car_ray.truth import run_local
 
-from .conftest import http_runner
+from .conftest import SUPPORT_JOB, http_runner
 from .test_stages import _context
 
 COIN_BODY: dict[str, Any] = {
@@ -692,6 +692,37 @@ def test_the_provider_draws_are_part_of_a_jobs_identity(
     assert job_id_of(off, support_tape) != job_id_of(live, support_tape)
     on_sim = Job(support_job.path, support_job.spec.model_copy(update={"coupling": "off"}))
     assert job_id_of(on_sim, support_tape) != coupled  # a key set away from its default
+
+
+def test_a_job_file_without_hold_holds_decisions_where_the_provider_replays_no_draw(
+    tmp_path: Path, support_tape: Any
+) -> None:
+    """A job file that sets no `hold`: on the coupled simulator it holds whole actions (and
+    keeps the id it always had); naming a base URL, or a simulated provider that draws
+    otherwise, it holds decisions, a job with another id than the same file holding
+    actions. A `hold` the file sets is kept either way."""
+    from car_ray.job import load_job
+    from car_ray.schedule import job_id_of
+
+    text = SUPPORT_JOB.read_text()
+
+    def load(name: str, extra: str = "", provider: str = "") -> Job:
+        path = tmp_path / name
+        path.write_text(extra + text.replace("[provider]\n", "[provider]\n" + provider, 1))
+        return load_job(path)
+
+    def digest(job: Job) -> str:
+        return job_id_of(job, support_tape).rsplit("-", 1)[1]  # the name is the file's
+
+    plain = load("plain.toml")
+    assert plain.spec.hold == "actions"
+    assert digest(plain) == digest(load_job(SUPPORT_JOB))
+    live = load("live.toml", provider='base_url = "https://api.example"\n')
+    seeded = load("seeded.toml", provider='sim_draws = "seeded"\n')
+    assert live.spec.hold == seeded.spec.hold == "decisions"
+    kept = load("kept.toml", 'hold = "actions"\n', 'base_url = "https://api.example"\n')
+    assert kept.spec.hold == "actions"
+    assert digest(kept) != digest(live)
 
 
 def test_seeds_begun_before_a_choosing_step_was_found_are_left_out() -> None:
