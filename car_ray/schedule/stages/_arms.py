@@ -30,6 +30,9 @@ class HeldArms(BaseStage):
     def start(self) -> None:
         self.exact = self._exact()
         self.queue = list(self._wave(first=True))
+        # The first wave's forks: whether an arm goes on is read from them alone, so a job
+        # resumed part way through a second wave asks for what the job run in one go did.
+        self.first = {spec.task_id for _, spec in self.queue}
         self.second = False
         self.pending: set[str] = set()
 
@@ -65,7 +68,11 @@ class HeldArms(BaseStage):
         """Whether the rest of an arm's forks could change whether it is the root: all its
         first ARM_FIRST were scored, and neither more than half of ARM_FORKS flipped nor
         could half or fewer flip with the rest."""
-        rows = [r for r in self.ctx.rows.arm("arms", key) if r["flipped"] is not None]
+        rows = [
+            r
+            for r in self.ctx.rows.arm("arms", key)
+            if r["task_id"] in self.first and r["flipped"] is not None
+        ]
         if len(rows) < ARM_FIRST:
             return True  # a fork without an outcome: its rate is read from all of them
         flips = sum(bool(r["flipped"]) for r in rows)
@@ -91,7 +98,7 @@ class HeldArms(BaseStage):
         self.pending.discard(spec.task_id)
 
     def result(self) -> tuple[StageResult, ...]:
-        return (flip_counts(self.ctx, "arms", self.exact),)
+        return (flip_counts(self.ctx, "arms", self._exact()),)
 
 
 def flip_counts(ctx: JobContext, stage: str, exact: frozenset[str] = frozenset()) -> FlipCounts:
