@@ -45,14 +45,14 @@ def _truth(task: tuple[str, str]) -> tuple[list[int], list[int]]:
     """The exact top and the exact roots of a scenario in a game: the observation or context
     arms with the highest flip, if it is above one half (none: no root, `results.is_root`)."""
     from car_ray.bench import _quiet, _solve, top_exact
-    from car_ray.results._verdict import ROOT_KINDS
+    from car_ray.results._verdict import ROOT_KINDS, ROOT_SHARE
     from car_ray.truth import Truth
 
     _quiet()
     truth = Truth.model_validate_json(_solve(*task))
     flips = {a.step: a.flip for a in truth.arms if a.kind in ROOT_KINDS}
     best = max(flips.values(), default=0.0)
-    roots = sorted(k for k, f in flips.items() if best > 0.5 and f >= best - 1e-9)
+    roots = sorted(k for k, f in flips.items() if best > ROOT_SHARE and f >= best - 1e-9)
     return top_exact(truth), roots
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -67,6 +68,14 @@ class ProviderSettings(BaseModel):
         description="tries of a call answered 429 / 408 / 409 / 5xx or timing out, the first "
         "included; after the last, the fork ends as provider_error and is run again",
     )
+
+
+def couples_draws(provider: Mapping[str, Any]) -> bool:
+    """Whether a job's provider (its `[provider]`, as a mapping) couples draws: the simulated
+    one drawing `coupled` answers a held step whose request changed with the recorded draw's
+    randomness. A `base_url` (a live provider), or `sim_draws` otherwise, replays no draw
+    for a changed request."""
+    return provider.get("base_url") is None and provider.get("sim_draws", "coupled") == "coupled"
 
 
 class BudgetSettings(BaseModel):
@@ -170,10 +179,7 @@ class JobSpec(BaseModel):
             provider = provider.model_dump()
         if not isinstance(provider, dict):
             return data  # the provider's own validation names what is wrong
-        urls = ("base_url", "openai_base_url", "anthropic_base_url")
-        live = any(provider.get(k) is not None for k in urls)
-        live = live or provider.get("sim_draws", "coupled") != "coupled"
-        return {**data, "hold": "decisions" if live else "actions"}
+        return {**data, "hold": "actions" if couples_draws(provider) else "decisions"}
 
     @field_validator("decision_text")
     @classmethod
@@ -217,7 +223,7 @@ def request_identity(request: dict[str, Any]) -> dict[str, Any]:
     draws = provider.get("sim_draws", "coupled")
     if draws != "coupled":
         identity["sim_draws"] = draws
-    if draws != "coupled" or provider.get("base_url") is not None:
+    if not couples_draws(provider):
         identity["held_after_change"] = request.get("coupling", LATER_KEYS["coupling"])
     return identity
 

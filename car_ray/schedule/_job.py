@@ -19,7 +19,7 @@ from .._answer import Answer
 from .._canon import digest_of
 from .._notes import Note
 from ..execute import Executor, Item, Row, RowSink
-from ..job import Job
+from ..job import Job, couples_draws
 from ..providers import PriceTable
 from ..replay import ForkSpec, SpendLimit
 from ..tape import Tape
@@ -160,9 +160,7 @@ class Scheduler:
         # The simulated provider couples draws: a held fork with no fresh draw is then
         # deterministic, and one fork is its exact value. Elsewhere a held step that chose
         # keeps its decision as a maximal coupling would, estimated (`DecisionShares`).
-        honours_seed = (
-            self.spec.provider.base_url is None and self.spec.provider.sim_draws == "coupled"
-        )
+        honours_seed = couples_draws(self.spec.provider.model_dump())
         self.shares = DecisionShares(most=COUPLE_MOST, span=COUPLE_SPAN, lower=COUPLE_LOWER)
         couple: Callable[[], dict[int, tuple[float, int]]] | None = None
         if not honours_seed:
