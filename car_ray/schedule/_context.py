@@ -17,7 +17,8 @@ from ..execute import Row
 from ..job import Job, JobSpec
 from ..replay import ForkSpec, Intervention, Probe, Tail
 from ..tape import LlmEvent, Tape, ToolEvent
-from .estimators import DecisionShares
+from ._tuning import SCREEN_FIRST
+from .estimators import DecisionShares, DeviationScreen
 from .rules import Answering, ShapleyWindow, StopRule
 
 # A coalition of steps, sorted: how Shapley rows are keyed, end to end.
@@ -240,6 +241,17 @@ class JobContext:
     @property
     def steps(self) -> list[LlmEvent | ToolEvent]:
         return self.tape.steps
+
+    @property
+    def clean_enough(self) -> int:
+        """Clean forks that re-draw every step before the job says no step matters: the
+        fewest whose bound on how often such a fork leaves the tape or changes the outcome
+        (`DeviationScreen.bound_after`: an upper bound on all steps' blame together, one-sided
+        at the job's confidence) is at most twice the target half-width, so that blame's
+        interval [0, bound] is as narrow as the job asks of any interval; never fewer than
+        SCREEN_FIRST."""
+        bound = 2.0 * self.spec.target_half_width
+        return max(SCREEN_FIRST, DeviationScreen.clean_for(bound, self.alpha))
 
     @property
     def resampled(self) -> list[int]:

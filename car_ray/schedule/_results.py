@@ -44,9 +44,9 @@ class ScreenResult:
     (`candidates`), each step's clean re-draws, its forks (and the Shapley forks that probed
     for it), forks that left the tape where nothing was re-drawn (`strays`), the clean draws
     it had asked for, and its verdict when it found nothing: ("separated", ()) once every
-    step had its SCREEN_CLEAN clean draws (or it gave up on strays), or once its outcome check
-    had SCREEN_CLEAN forks of every step that kept the outcome (every step then settled on
-    them)."""
+    step had the clean draws the job's target asks (`JobContext.clean_enough`; or it gave up
+    on strays), or once its outcome check had as many forks of every step that kept the
+    outcome (every step then settled on them)."""
 
     steps: tuple[int, ...]
     candidates: tuple[int, ...]

@@ -23,7 +23,7 @@ from ._results import (
     StageResult,
     Verdict,
 )
-from ._tuning import GO_ON_SLACK, SCREEN_CLEAN
+from ._tuning import GO_ON_SLACK
 from .estimators import DeviationScreen
 
 
@@ -288,7 +288,7 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
                 f"groups in {fewest} seed(s) or more shows: at {confidence:.0%}, no group's "
                 f"blame is above {most}%"
             )
-        elif screen.strays and fewest < SCREEN_CLEAN:
+        elif screen.strays and fewest < ctx.clean_enough:
             text = (
                 "shapley: no step was seen to make a choice, but the screen stopped on forks "
                 f"that left the tape where nothing was re-drawn, with as few as {fewest} "
@@ -312,15 +312,15 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
 
 def held_answer(ctx: JobContext, results: Results, status: str, spent_forks: int) -> Answer:
     """What the held screen and Shapley let the job claim (`Answer`). A step is examined when
-    Shapley measured its blame; a step the screen did not find is cleared by the verdict's
-    own rule (with a top: the clean draws the verdict stood on; for a lead whose budget
-    ended, those its top would need; with neither: the SCREEN_CLEAN clean re-draws a "no
-    step makes a choice" note rests on); every other step is unexamined, and a job with an
-    unexamined step has no answer (`lead` if it shows blame somewhere). A job whose status
-    is not one of `RAN` answers nothing. The projection for unexamined steps is the forks so
-    far (`spent_forks`, carried ones counted) per step examined or cleared, times the steps
-    left, and never fewer than the screen forks that would give each unexamined step its
-    SCREEN_CLEAN clean re-draws; the options allow GO_ON_SLACK of it again."""
+    Shapley measured its blame; a step the screen did not find is cleared by the verdict's own
+    rule (with a top: the clean draws the verdict stood on; for a lead whose budget ended, those
+    its top would need; with neither: the clean re-draws a "no step makes a choice" note rests
+    on, `JobContext.clean_enough`); every other step is unexamined, and a job with an unexamined
+    step has no answer (`lead` if it shows blame somewhere). A job whose status is not one of
+    `RAN` answers nothing. The projection for unexamined steps is the forks so far
+    (`spent_forks`, carried ones counted) per step examined or cleared, times the steps left,
+    and never fewer than the screen forks that would give each unexamined step its
+    `clean_enough` clean re-draws; the options allow GO_ON_SLACK of it again."""
     steps = ctx.resampled
     screen, shapley, verdict = results.screen, results.shapley, results.verdict
     if screen is None:  # the job ended before its screen began
@@ -337,7 +337,7 @@ def held_answer(ctx: JobContext, results: Results, status: str, spent_forks: int
         short = [k for k in unfound if k in lacking]
         cleared = [k for k in unfound if k not in lacking]
     else:
-        cleared = [k for k in unfound if screen.clean.get(k, 0) >= SCREEN_CLEAN]
+        cleared = [k for k in unfound if screen.clean.get(k, 0) >= ctx.clean_enough]
         short = [k for k in unfound if k not in cleared]
     unexamined = sorted(found + short)
     shown = any((phi.value or 0.0) > 0 for phi, _, _ in estimates.values())
@@ -352,7 +352,8 @@ def held_answer(ctx: JobContext, results: Results, status: str, spent_forks: int
     if unexamined and status in RAN:
         seen = len(examined) + len(cleared)
         rate = spent_forks * len(unexamined) / seen if seen else 0.0
-        clear = SCREEN_CLEAN - min((screen.clean.get(k, 0) for k in short), default=SCREEN_CLEAN)
+        enough = ctx.clean_enough
+        clear = enough - min((screen.clean.get(k, 0) for k in short), default=enough)
         more = max(1, math.ceil(max(rate, clear)))
         go_on, also = ctx.go_on(math.ceil(more * GO_ON_SLACK))
         go_on = f"{go_on}; {also}" if also else go_on

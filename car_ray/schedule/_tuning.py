@@ -126,9 +126,10 @@ RECORD: dict[str, Evidence] = {
         "together with probes on every Shapley fork",
     ),
     "SCREEN_CLEAN": Evidence(
-        "clean re-draws of every step before a job says no step makes a choice; forks of "
-        "every step at once that kept the outcome before it says no step is to blame (the "
-        "outcome check, 3bbf295: the same bound on all steps' blame together)",
+        "seeds a round of the group game runs before a group that never changed the outcome "
+        "is cleared (`GroupGame`; the screen's own count of clean draws before \"no step "
+        'makes a choice" or "no step to blame" is derived from the job\'s target, '
+        "`JobContext.clean_enough`: 14 at the default +-0.1)",
         "reasoning: a step leaving the tape with probability q is missed (1 - q)^n",
         "71bcff6 (was 8)",
         "a step leaving the tape 20% of the time is missed 1.2% of the time at 20, 17% at 8",

@@ -9,7 +9,7 @@ from ...execute import Row
 from ...replay import ForkSpec, Intervention, Resample
 from .._context import JobContext
 from .._results import StageResult, Verdict
-from .._tuning import SCREEN_CLEAN, SCREEN_FIRST, SCREEN_IN_FLIGHT, SHARE_FIRST
+from .._tuning import SCREEN_FIRST, SCREEN_IN_FLIGHT, SHARE_FIRST
 from ..estimators import DeviationScreen
 from ._base import BaseStage, Fork, Next, Stage
 from ._groups import HeldGroups, grouped
@@ -18,21 +18,22 @@ from ._shapley import HeldShapley
 
 
 class HeldScreen(BaseStage):
-    """Which steps ever choose differently: blocks of steps re-drawn together, held tail
-    (see `DeviationScreen`), until the first step found or every step has its clean draws.
-    Hands over to `HeldShapley` over the steps it found (to `HeldGroups` when they are
-    GROUPS_FROM or more) once a screen fork has changed the outcome; until one has, it
-    re-draws every step at once (the outcome check, `DeviationScreen.outcome`), and after
-    SCREEN_CLEAN such forks that all kept the outcome it says no step is to blame, every step
-    settled on them. With none found, screens again to the first find or SCREEN_CLEAN before
-    it says no step makes a choice (its result's verdict). With `arms` waiting for it (off the
-    coupled provider) it does not stop at its first find but looks on until every step is
-    found or cleared to SCREEN_FIRST, asks for the forks that re-draw each step it found
-    alone at its recorded request up to SHARE_FIRST draws there (`DecisionShares`: the share
-    the arms' couplings read; a step found at its first draw reads as rare, and its
-    decision is then kept far too often; a fork that brings back no draw is not replaced),
-    and runs them before whatever it hands over to (not before the group game, whose steps'
-    words change at every draw)."""
+    """Which steps ever choose differently: blocks of steps re-drawn together, held tail (see
+    `DeviationScreen`), until the first step found or every step has its clean draws. Hands over
+    to `HeldShapley` over the steps it found (to `HeldGroups` when they are GROUPS_FROM or more)
+    once a screen fork has changed the outcome; until one has, it re-draws every step at once
+    (the outcome check, `DeviationScreen.outcome`), and once so many such forks all kept the
+    outcome that the bound they put on all steps' blame together is an interval [0, b] within
+    the job's target (`JobContext.clean_enough`) it says no step is to blame, every step settled
+    on them. With none found, screens again to the first find or as many clean draws of every
+    step (the same bound, on each step's rate of leaving the tape) before it says no step makes
+    a choice (its result's verdict). With `arms` waiting for it (off the coupled provider) it
+    does not stop at its first find but looks on until every step is found or cleared to
+    SCREEN_FIRST, asks for the forks that re-draw each step it found alone at its recorded
+    request up to SHARE_FIRST draws there (`DecisionShares`: the share the arms' couplings read;
+    a step found at its first draw reads as rare, and its decision is then kept far too often; a
+    fork that brings back no draw is not replaced), and runs them before whatever it hands over
+    to (not before the group game, whose steps' words change at every draw)."""
 
     name = "screen"
 
@@ -79,16 +80,17 @@ class HeldScreen(BaseStage):
 
     def _checking(self) -> bool:
         """Whether the outcome check goes on: a step is found, but no screen fork has changed
-        the outcome, and fewer than SCREEN_CLEAN have re-drawn every step."""
+        the outcome, and fewer than `clean_enough` have re-drawn every step."""
         screen = self._screen
-        return bool(screen.candidates) and not screen.moved and screen.whole < SCREEN_CLEAN
+        enough = self.ctx.clean_enough
+        return bool(screen.candidates) and not screen.moved and screen.whole < enough
 
     def suggest(self, room: int) -> list[Fork] | None:
         screen = self._screen
         if self._checking():
             # Forks of every step, one at a time at first (the first may well change it).
             most = 1 if screen.whole < SCREEN_FIRST else SCREEN_IN_FLIGHT
-            most = min(most, SCREEN_CLEAN - screen.whole)
+            most = min(most, self.ctx.clean_enough - screen.whole)
             out = screen_forks(self.ctx, screen, room, self.pending, most, whole=True)
             self.pending += len(out)
             return out
@@ -99,8 +101,11 @@ class HeldScreen(BaseStage):
             return self._share_forks(room) if self.arms is not None else None
         # The first pass goes one fork at a time, so forks in flight do not all find the
         # same step; the second (nothing found yet) SCREEN_IN_FLIGHT at a time.
-        first = screen.clean_needed < SCREEN_CLEAN
-        out = screen_forks(self.ctx, screen, room, self.pending, 1 if first else SCREEN_IN_FLIGHT)
+        first = screen.clean_needed < self.ctx.clean_enough
+        # In flight at most the draws the step with fewest is still short of.
+        short = screen.clean_needed - min((screen.clean.get(k, 0) for k in screen.steps), default=0)
+        most = 1 if first else max(1, min(SCREEN_IN_FLIGHT, short))
+        out = screen_forks(self.ctx, screen, room, self.pending, most)
         self.pending += len(out)
         return out
 
@@ -149,7 +154,8 @@ class HeldScreen(BaseStage):
         if self._checking():
             return Next(then=(HeldScreen(self.ctx, screen, arms=self.arms),))
         if screen.candidates and not screen.moved:
-            # Re-drawing every step kept the outcome SCREEN_CLEAN times: nothing to blame.
+            # Re-drawing every step kept the outcome as often as the target asks: nothing to
+            # blame.
             screen.settle(screen.steps, screen.whole)
             self.verdict = ("separated", ())
             return self._then()
@@ -157,11 +163,11 @@ class HeldScreen(BaseStage):
             if grouped(self.ctx, screen):
                 return self._then(HeldGroups(self.ctx, screen))
             return self._then(HeldShapley(self.ctx, screen))
-        if screen.clean_needed >= SCREEN_CLEAN:
+        if screen.clean_needed >= self.ctx.clean_enough:
             self.verdict = ("separated", ())
             return self._then()
-        # Nothing found yet: clear every step to SCREEN_CLEAN before saying so.
-        screen.clean_needed = SCREEN_CLEAN
+        # Nothing found yet: clear every step as the target asks before saying so.
+        screen.clean_needed = self.ctx.clean_enough
         return Next(then=(HeldScreen(self.ctx, screen, arms=self.arms),))
 
     def result(self) -> tuple[StageResult, ...]:
