@@ -36,6 +36,7 @@ from ._run import (
     SpendLimit,
     Tail,
     UnreadableCall,
+    drawn_at,
     explicit_conversation,
     first_deviation,
     recorded_responses,
@@ -140,6 +141,10 @@ class ForkRow(BaseModel):
     # the tape), and how many of its calls drew fresh randomness.
     first_deviation: Int32 | None = None
     fresh_draws: int = 0
+    # The action (JSON) the model answered at the first deviation, where that step is a
+    # model call (None otherwise): what a later fork of the seed forces there to draw as
+    # this one did (`replay.drawn_at`).
+    drawn: str | None = None
     # A provider_error's final HTTP status (None: a timeout or a broken connection).
     provider_status: Int32 | None = None
     # A `Reask` fork: whether the provider answered the re-asked request word for word as
@@ -563,6 +568,7 @@ class ForkRunner:
                 status = "error"
                 error = (error + "; " if error else "") + f"scorer failed: {exc}"
         spend = run.spend
+        deviation = first_deviation(run.trajectory, tape, self.decisions)
         row = ForkRow(
             task_id=spec.task_id,
             tape_id=spec.tape_id,
@@ -583,8 +589,9 @@ class ForkRunner:
             divergence=run.divergence.summary() if run.divergence else None,
             blocked_effect=run.blocked,
             error=error,
-            first_deviation=first_deviation(run.trajectory, tape, self.decisions),
+            first_deviation=deviation,
             fresh_draws=run.fresh_draws,
+            drawn=drawn_at(run.trajectory, deviation),
             provider_status=run.provider_failure.status if run.provider_failure else None,
             reproduced=run.reproduced,
         )

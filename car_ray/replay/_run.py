@@ -302,6 +302,18 @@ def first_deviation(
     return min(found, default=None)
 
 
+def drawn_at(trajectory: list[dict[str, Any]], step: int | None) -> str | None:
+    """The action a run's model answered at `step` (its first deviation), as canonical JSON;
+    None where that step is no model call with an answer read."""
+    if step is None:
+        return None
+    for entry in trajectory:
+        if int(entry["step"]) == step:
+            action = entry.get("action") if entry["kind"] == "llm" else None
+            return None if action is None else canonical_bytes(action).decode()
+    return None
+
+
 def _deviates(entry: dict[str, Any], tape: Tape, decisions: Decisions = ACTIONS) -> bool:
     """Whether a trajectory entry differs from its step on the tape."""
     k = int(entry["step"])

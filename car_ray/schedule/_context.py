@@ -17,7 +17,7 @@ from ..execute import Row
 from ..job import Job, JobSpec
 from ..replay import ForkSpec, Intervention, Probe, Tail
 from ..tape import LlmEvent, Tape, ToolEvent
-from ._tuning import SCREEN_FIRST
+from ._tuning import SCREEN_CLEAN
 from .estimators import DecisionShares, DeviationScreen
 from .rules import Answering, ShapleyWindow, StopRule
 
@@ -244,14 +244,14 @@ class JobContext:
 
     @property
     def clean_enough(self) -> int:
-        """Clean forks that re-draw every step before the job says no step matters: the
-        fewest whose bound on how often such a fork leaves the tape or changes the outcome
+        """Clean forks that re-draw every step before the job says no step matters: enough
+        that their bound on how often such a fork leaves the tape or changes the outcome
         (`DeviationScreen.bound_after`: an upper bound on all steps' blame together, one-sided
         at the job's confidence) is at most twice the target half-width, so that blame's
-        interval [0, bound] is as narrow as the job asks of any interval; never fewer than
-        SCREEN_FIRST."""
+        interval [0, bound] is as narrow as the job asks of any interval; and never fewer
+        than SCREEN_CLEAN, which a weak cause must come through clean to be missed."""
         bound = 2.0 * self.spec.target_half_width
-        return max(SCREEN_FIRST, DeviationScreen.clean_for(bound, self.alpha))
+        return max(SCREEN_CLEAN, DeviationScreen.clean_for(bound, self.alpha))
 
     @property
     def resampled(self) -> list[int]:

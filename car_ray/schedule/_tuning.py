@@ -126,13 +126,18 @@ RECORD: dict[str, Evidence] = {
         "together with probes on every Shapley fork",
     ),
     "SCREEN_CLEAN": Evidence(
-        "seeds a round of the group game runs before a group that never changed the outcome "
-        "is cleared (`GroupGame`; the screen's own count of clean draws before \"no step "
-        'makes a choice" or "no step to blame" is derived from the job\'s target, '
-        "`JobContext.clean_enough`: 14 at the default +-0.1)",
-        "reasoning: a step leaving the tape with probability q is missed (1 - q)^n",
+        "clean re-draws of every step before a job says no step makes a choice, forks of "
+        "every step at once that kept the outcome before it says no step is to blame (the "
+        "outcome check), at the least (`JobContext.clean_enough`: more where the job's "
+        "target asks a tighter bound); seeds a round of the group game runs before a group "
+        "that never changed the outcome is cleared",
+        "reasoning: a step leaving the tape with probability q is missed (1 - q)^n; "
+        "benchmarks/draws.py --seeds 20 --draws seeded,unseeded on issue 32's 15 scenarios "
+        "with 14 (the default target's own count) in the outcome check",
         "71bcff6 (was 8)",
-        "a step leaving the tape 20% of the time is missed 1.2% of the time at 20, 17% at 8",
+        "a step leaving the tape 20% of the time is missed 1.2% of the time at 20, 17% at 8; "
+        "at 14, echo_noisy and support_refund each ended one job of 20 'no step to blame' "
+        "(unseeded) that 20 had answered",
     ),
     "SCREEN_MOST": Evidence(
         "most clean re-draws the screen makes of a step it has not found",

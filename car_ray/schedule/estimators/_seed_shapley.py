@@ -79,6 +79,18 @@ class SeedShapley:
     # projected to buy (set by the Shapley stage before each look; None without a cap).
     rule: StopRule = field(default_factory=SignAndT)
     horizon: float | None = None
+    # Off a provider that couples draws, the candidates a seed's later forks can draw as its
+    # first fork did (model steps: a step that stayed on the tape is held, one that left it
+    # is forced to the action it drew, `forced`); only they are learned clean or dirty, and
+    # each fork runs a coalition's acting steps alone (`acting`). None: every candidate
+    # (the coupled provider repeats a seed's draw at a request itself).
+    learnable: frozenset[int] | None = None
+    # Per seed: the action (JSON) a candidate drew where a fork of the seed left the tape
+    # at it, the first such fork's.
+    drawn: dict[int, dict[int, str]] = field(default_factory=dict)
+    # Per seed: forks run off a coupling provider for coalitions outside its chain (their
+    # acting steps alone), which `forks_per_seed` counts beside the chain's.
+    ran: dict[int, int] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -109,12 +121,14 @@ class SeedShapley:
         coalition: frozenset[int],
         flipped: bool | None,
         first_deviation: int | Literal["unknown"] | None = "unknown",
+        drawn: str | None = None,
     ) -> None:
         """A fork's outcome; `first_deviation` (the step where it left the tape, None if it
         never did) tells which of its steps drew their recorded action, and every coalition
-        of the seed made of such steps alone is then known not to flip. A coalition outside
-        the seed's chain (a row of an earlier Shapley over fewer candidates) is kept for
-        what it tells of the chain's."""
+        of the seed made of such steps alone is then known not to flip; `drawn` is the
+        action the step it left the tape at drew there (`forced`). A coalition outside the
+        seed's chain (a row of an earlier Shapley over fewer candidates, or off a coupling
+        provider a coalition's acting steps) is kept for what it tells of the chain's."""
         if flipped is None:
             if coalition in self.coalitions(seed):
                 self.failed.add(seed)
@@ -123,19 +137,33 @@ class SeedShapley:
             self.values.setdefault(seed, {})[coalition] = float(flipped)
         else:
             self.extra.setdefault(seed, {})[coalition] = float(flipped)
+            if self.learnable is not None and coalition <= set(self.candidates):
+                self.ran[seed] = self.ran.get(seed, 0) + 1
         if first_deviation == "unknown":
             return
-        if first_deviation in coalition:
+        if first_deviation in coalition and self._learns(first_deviation):
             self.dirty.setdefault(seed, set()).add(first_deviation)
+            if self.learnable is not None:
+                if drawn is None:
+                    # A later fork could not draw it again: the seed is left out, as a
+                    # failed one is (an answer that could not be read).
+                    self.failed.add(seed)
+                self.drawn.setdefault(seed, {}).setdefault(first_deviation, drawn or "")
         self.learn_clean(
             seed, [k for k in coalition if first_deviation is None or k < first_deviation]
         )
+
+    def _learns(self, k: int) -> bool:
+        """Whether a fork's draw of candidate k tells the seed's other forks (`learnable`)."""
+        return self.learnable is None or k in self.learnable
 
     def learn_clean(self, seed: int, steps: Sequence[int]) -> None:
         """Candidates whose fresh draw in `seed` is their recorded action (a fork of the seed
         re-drew or probed them and stayed on the tape past them); the seed's coalitions that
         this shows to run as one already known are filled in."""
-        self.clean.setdefault(seed, set()).update(k for k in steps if k in self.candidates)
+        self.clean.setdefault(seed, set()).update(
+            k for k in steps if k in self.candidates and self._learns(k)
+        )
         values = self.values.setdefault(seed, {})
         # Coalitions alike once their leading clean steps are dropped run alike (`_acting`).
         known = {**self.extra.get(seed, {}), **values}
@@ -162,6 +190,24 @@ class SeedShapley:
         first = min(unclean)
         return frozenset(k for k in coalition if k >= first)
 
+    def acting(self, seed: int, coalition: frozenset[int]) -> frozenset[int]:
+        """The steps of a coalition a fork of the seed must re-draw (`_acting`): those
+        before are known to draw their recorded action in it, and are held."""
+        return self._acting(seed, coalition)
+
+    def forced(self, seed: int, acting: frozenset[int]) -> tuple[int, str] | None:
+        """Off a coupling provider: the first step of an acting set and the action it drew
+        in this seed, where a fork of the seed left the tape at it. A fork of these steps
+        meets it at its recorded request (every step before it is held or drew its
+        recorded action) and must answer as that draw did, so that every coalition of the
+        seed sees one draw of the step there; a step not yet drawn in the seed draws
+        afresh, and its first draw then stands for the seed."""
+        if not acting or self.learnable is None:
+            return None
+        first = min(acting)
+        action = self.drawn.get(seed, {}).get(first)
+        return None if not action else (first, action)
+
     def known(self, seed: int, coalition: frozenset[int]) -> bool:
         return coalition in self.values.get(seed, {})
 
@@ -172,7 +218,8 @@ class SeedShapley:
         if not seeds:
             return float(len(self.coalitions(0)))
         inferred = sum(1 for s in seeds for c in self.values[s] if c in self._inferred.get(s, ()))
-        return (sum(len(self.values[s]) for s in seeds) - inferred) / len(seeds)
+        ran = sum(self.ran.get(s, 0) for s in seeds)
+        return (sum(len(self.values[s]) for s in seeds) - inferred + ran) / len(seeds)
 
     def complete_seeds(self) -> list[int]:
         """The seeds the estimates use: 0, 1, ... up to the first seed not complete (failed

@@ -24,7 +24,8 @@ class HeldScreen(BaseStage):
     once a screen fork has changed the outcome; until one has, it re-draws every step at once
     (the outcome check, `DeviationScreen.outcome`), and once so many such forks all kept the
     outcome that the bound they put on all steps' blame together is an interval [0, b] within
-    the job's target (`JobContext.clean_enough`) it says no step is to blame, every step settled
+    the job's target, and never before SCREEN_CLEAN (`JobContext.clean_enough`), it says no
+    step is to blame, every step settled
     on them. With none found, screens again to the first find or as many clean draws of every
     step (the same bound, on each step's rate of leaving the tape) before it says no step makes
     a choice (its result's verdict). With `arms` waiting for it (off the coupled provider) it

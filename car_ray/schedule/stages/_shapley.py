@@ -3,14 +3,16 @@ the screen's clearance behind its verdict."""
 
 from __future__ import annotations
 
+import json
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from ..._notes import Note
 from ...execute import Row
-from ...replay import ForkSpec, Intervention, Probe, Resample
+from ...replay import ForceAction, ForkSpec, Intervention, Probe, Resample
+from ...tape import LlmEvent
 from .._context import JobContext, coalition_of, probes_of
 from .._results import ShapleyResult, StageResult, Unsettled
 from .._tuning import MIN_SEEDS
@@ -54,6 +56,11 @@ class HeldShapley(BaseStage):
         self.shap = shap
         self.shown = shap  # the game whose blame the job shows (`ShapleyRules.answering`)
         self.pending: set[tuple[int, frozenset[int]]] = set()
+        # Shapley forks in flight, by task id: the (seed, coalition) each was asked for
+        # (off a coupling provider, several coalitions may share one fork of their acting
+        # steps), and the fork of each (seed, acting steps).
+        self.asked: dict[str, list[tuple[int, frozenset[int]]]] = {}
+        self.flying: dict[tuple[int, frozenset[int]], str] = {}
         self.screening: set[str] = set()
         self.out_of_budget = False
         self.per_seed = max(1, len(shap.coalitions(0)))
@@ -99,6 +106,11 @@ class HeldShapley(BaseStage):
             ctx.alpha,
             salt=str(ctx.spec.attribution_seed),
             rule=ctx.rules.stop,
+            # Off a provider that couples draws, a seed's forks draw its model steps alike
+            # by holding and forcing them (`SeedShapley.forced`).
+            learnable=None
+            if ctx.honours_seed
+            else frozenset(k for k in screen.candidates if isinstance(ctx.steps[k], LlmEvent)),
         )
         if ctx.honours_seed:
             first = ctx.seeds.base + SHAPLEY_SEEDS
@@ -117,7 +129,7 @@ class HeldShapley(BaseStage):
             if self._seed(spec) in self.stale:
                 shap.failed.add(self._seed(spec))
             else:
-                _observe(shap, self._seed(spec), spec, row, learn=ctx.honours_seed)
+                _observe(shap, self._seed(spec), spec, row, repeats=ctx.honours_seed)
         return shap
 
     def _stale(self, spec: ForkSpec) -> bool:
@@ -148,7 +160,7 @@ class HeldShapley(BaseStage):
                 self.screen.observe(sorted(spec.interventions), row["first_deviation"])
             return
         seed, coalition = self._seed(spec), coalition_of(spec)
-        self.pending.discard((seed, coalition))
+        self._settled(spec, seed, coalition)
         # A probe that left the tape is a step the screen had not found: Shapley starts over.
         probed(self.screen, spec, row)
         if self._stale(spec):
@@ -156,7 +168,7 @@ class HeldShapley(BaseStage):
         if seed in self.stale:
             self.shap.failed.add(seed)
             return
-        _observe(self.shap, seed, spec, row, learn=self.ctx.honours_seed)
+        _observe(self.shap, seed, spec, row, repeats=self.ctx.honours_seed)
 
     def unrun(self, spec: ForkSpec) -> None:
         if spec.task_id in self.going_on.pending:
@@ -166,12 +178,23 @@ class HeldShapley(BaseStage):
             self.screening.discard(spec.task_id)
             return
         seed, coalition = self._seed(spec), coalition_of(spec)
-        self.pending.discard((seed, coalition))
         # Given up (its provider failed every try) or refused by the budget: the seed has no
         # outcome and is left out; its other forks are not asked again. (Marking it `cut`,
         # which ends the seeds counted, would leave a given-up seed blocking every later one:
         # the loop's unrun does not yet tell the two apart.)
-        self.shap.observe(seed, coalition, None)
+        for asked in self._settled(spec, seed, coalition):
+            self.shap.observe(*asked, None)
+
+    def _settled(
+        self, spec: ForkSpec, seed: int, coalition: frozenset[int]
+    ) -> list[tuple[int, frozenset[int]]]:
+        """A Shapley fork is back (or given up): the (seed, coalition)s it was asked for are
+        no longer in flight."""
+        asked = self.asked.pop(spec.task_id, [(seed, coalition)])
+        self.flying.pop((seed, coalition), None)
+        for each in asked:
+            self.pending.discard(each)
+        return asked
 
     def _seeds(self, room: int) -> list[Fork]:
         """Forks of Shapley seeds, in seed order: each seed's largest coalition first, its
@@ -208,16 +231,28 @@ class HeldShapley(BaseStage):
                 if shap.known(seed, coalition) or (seed, coalition) in pending:
                     continue
                 pending.add((seed, coalition))
-                plan: dict[int, Intervention] = {k: Resample() for k in coalition}
+                # Off a coupling provider a fork re-draws the coalition's acting steps alone
+                # and answers as the seed drew its first (`SeedShapley.forced`); coalitions
+                # that act alike share one fork.
+                acting = coalition if self.ctx.honours_seed else shap.acting(seed, coalition)
+                twin = self.flying.get((seed, acting))
+                if twin is not None:
+                    self.asked[twin].append((seed, coalition))
+                    continue
+                plan: dict[int, Intervention] = {k: Resample() for k in acting}
+                forced = shap.forced(seed, acting)
+                if forced is not None:
+                    plan[forced[0]] = ForceAction.model_validate(_forceable(forced[1]))
                 fork_seed = SHAPLEY_SEEDS + seed
                 # The fork also probes the steps not found that no fork of its seed has
                 # shown yet: screen draws for free (a smaller coalition stays on the tape
                 # longer, and reaches later steps at their recorded requests).
                 plan.update((k, Probe()) for k in self.clearance.probe_steps(fork_seed))
-                key = tuple(sorted(coalition))
-                out.append(
-                    ("shapley", self.ctx.seeds.fork("shapley", key, plan, "held", fork_seed))
-                )
+                key = tuple(sorted(acting))
+                spec = self.ctx.seeds.fork("shapley", key, plan, "held", fork_seed)
+                self.asked[spec.task_id] = [(seed, coalition)]
+                self.flying[(seed, acting)] = spec.task_id
+                out.append(("shapley", spec))
             seed += 1
         return out
 
@@ -385,20 +420,28 @@ class HeldShapley(BaseStage):
         return all(phi.half_width <= self.target for phi, _, _ in self.shap.estimates().values())
 
 
-def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, learn: bool) -> None:
-    """A Shapley fork's row. Which steps drew their recorded action is learned only where the
-    provider honours seeds: elsewhere another fork of the seed draws afresh, and a coalition
-    known from this one would not be the draw its own fork makes. A fork whose first
-    deviation is a probe measured nothing of its coalition while that step is not a
+def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, repeats: bool) -> None:
+    """A Shapley fork's row, and which of its steps drew their recorded action (where the
+    provider repeats a seed's draws, `repeats`, every candidate; elsewhere the model steps,
+    whose draws the seed's later forks hold or force, `SeedShapley.forced`). A fork whose
+    first deviation is a probe measured nothing of its coalition while that step is not a
     candidate (the screen found it: Shapley starts over); once it is, and the provider
-    honours seeds, the fork is its coalition with that step re-drawn (the probe drew it as
-    a re-drawn step of that seed does, and later probes kept their mechanism). Without
-    seeds it would be a draw chosen for leaving the tape there."""
+    repeats draws, the fork is its coalition with that step re-drawn (the probe drew it as
+    a re-drawn step of that seed does, and later probes kept their mechanism). Elsewhere
+    it is left out."""
     scored = row["outcome"] is not None
     coalition = coalition_of(spec)
     if scored and row["first_deviation"] in probes_of(spec):
-        if row["first_deviation"] not in shap.candidates or not learn:
+        if row["first_deviation"] not in shap.candidates or not repeats:
             return
         coalition = coalition | {row["first_deviation"]}
-    first: int | Literal["unknown"] | None = row["first_deviation"] if learn else "unknown"
-    shap.observe(seed, coalition, row["flipped"] if scored else None, first)
+    flipped = row["flipped"] if scored else None
+    shap.observe(seed, coalition, flipped, row["first_deviation"], row.get("drawn"))
+
+
+def _forceable(action: str) -> dict[str, Any]:
+    """A drawn action (`ForkRow.drawn`) as a `ForceAction`'s fields: its text and tool calls
+    (an answer with neither is forced as empty text)."""
+    drawn = json.loads(action)
+    text, calls = drawn.get("text"), drawn.get("tool_calls") or []
+    return {"text": "" if text is None and not calls else text, "tool_calls": calls}
