@@ -714,7 +714,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
         row = {"outcome": 1.0, "first_deviation": deviation, "flipped": bool(_flips(coalition, u))}
         rows.append((seed, spec, row))
         screen.probed(seed, [2], deviation)
-        _observe(first, seed, spec, row, learn=True)
+        _observe(first, seed, spec, row, repeats=True)
         if 2 in screen.hits:
             break
     found = len(rows) - 1
@@ -723,7 +723,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
     for fork_seed, k in sorted(screen.probes):
         again.learn_clean(fork_seed, [k])
     for seed, spec, row in rows:
-        _observe(again, seed, spec, row, learn=True)
+        _observe(again, seed, spec, row, repeats=True)
     for seed in range(found):
         assert all(again.known(seed, c) for c in again.coalitions(seed)), seed
         for c in again.coalitions(seed):
@@ -883,16 +883,19 @@ def test_seeds_count_in_order_so_quick_seeds_do_not_pull_phi_to_zero() -> None:
     assert shap.complete_seeds() == [0, 1]
 
 
-def test_a_provider_that_ignores_seeds_teaches_nothing_about_other_coalitions() -> None:
-    """Without seeds honoured, another fork of the seed draws afresh: its value is not known
-    from this one's first deviation."""
+def test_a_provider_that_ignores_seeds_teaches_only_what_later_forks_repeat() -> None:
+    """Without seeds honoured, another fork of the seed draws afresh: a step's draw in this
+    fork tells the seed's other coalitions something only where their forks hold or force
+    it as this one drew it (`SeedShapley.learnable`: model steps). A tool step's clean run
+    is not known in another fork."""
     from car_ray.schedule.stages._shapley import _observe
 
     row = {"outcome": 1.0, "flipped": False, "first_deviation": None}
-    learned, unlearned = SeedShapley([2, 4], 0.05, salt="q"), SeedShapley([2, 4], 0.05, salt="q")
+    learned = SeedShapley([2, 4], 0.05, salt="q", learnable=frozenset({2, 4}))
+    unlearned = SeedShapley([2, 4], 0.05, salt="q", learnable=frozenset())
     spec = ForkSpec(tape_id="t", interventions={2: Resample(), 4: Resample()}, tail="held")
-    _observe(learned, 0, spec, row, learn=True)
-    _observe(unlearned, 0, spec, row, learn=False)
+    _observe(learned, 0, spec, row, repeats=False)
+    _observe(unlearned, 0, spec, row, repeats=False)
     assert learned.complete_seeds() == [0]
     assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1
 

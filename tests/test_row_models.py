@@ -58,7 +58,7 @@ def _old_part() -> Path:
 
 
 # Columns added after the older parts were written: nullable, so those parts still read.
-ADDED = ("reproduced",)
+ADDED = ("reproduced", "drawn")
 
 
 def test_the_derived_fork_schema_is_the_one_older_parts_were_written_with() -> None:

@@ -183,7 +183,9 @@ def test_a_screen_that_stopped_on_stray_forks_clears_no_step_it_did_not_draw() -
     for _ in range(3):
         screen.observe([2, 3], 0)
     ctx = SimpleNamespace(
-        resampled=[0, 1, 2, 3], go_on=lambda more: (f"--max-forks {4 + more}", "")
+        resampled=[0, 1, 2, 3],
+        go_on=lambda more: (f"--max-forks {4 + more}", ""),
+        clean_enough=20,
     )
     results = Results(screened=screen_result(screen, ("separated", ())))
     answer = held_answer(ctx, results, "complete", 4)  # type: ignore[arg-type]

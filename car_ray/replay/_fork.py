@@ -141,15 +141,15 @@ class ForkRow(BaseModel):
     # the tape), and how many of its calls drew fresh randomness.
     first_deviation: Int32 | None = None
     fresh_draws: int = 0
-    # The action (JSON) the model answered at the first deviation, where that step is a
-    # model call (None otherwise): what a later fork of the seed forces there to draw as
-    # this one did (`replay.drawn_at`).
-    drawn: str | None = None
     # A provider_error's final HTTP status (None: a timeout or a broken connection).
     provider_status: Int32 | None = None
     # A `Reask` fork: whether the provider answered the re-asked request word for word as
     # the tape has it (None: the fork re-asked nothing).
     reproduced: bool | None = None
+    # The action (JSON) the model answered at the first deviation, where that step is a
+    # model call (None otherwise): what a later fork of the seed forces there to draw as
+    # this one did (`replay.drawn_at`).
+    drawn: str | None = None
 
 
 @dataclass
