@@ -34,6 +34,7 @@ from ._interventions import (
     Reask,
     ReplaceObservation,
     Resample,
+    SeedDraw,
     SwapPolicy,
 )
 from ._run import (
@@ -99,6 +100,7 @@ __all__ = [
     "Run",
     "RunResult",
     "ScorerFn",
+    "SeedDraw",
     "SpendLimit",
     "SwapPolicy",
     "Tail",

@@ -34,6 +34,18 @@ class Probe(_Intervention):
     kind: Literal["probe"] = "probe"
 
 
+class SeedDraw(_Intervention):
+    """Re-draw a model step, except where the run meets it on the tape at its recorded
+    request: there answer as a fork of the same seed drew it (`action` None: the recorded
+    answer, that fork having drawn the recorded decision; else that fork's action, forced).
+    Not a user's intervention: off a provider that repeats a seed's draw, the Shapley stage
+    makes a seed's forks draw each step at its recorded request once
+    (`car_ray.schedule.estimators.SeedShapley.standing`)."""
+
+    kind: Literal["seed_draw"] = "seed_draw"
+    action: ForceAction | None = None
+
+
 class Reask(_Intervention):
     """Ask a model step's request again and answer the agent with what the provider says:
     with the recorded draw's seed (`seed="recorded"`) or a fresh one. The fork's row says
@@ -198,7 +210,14 @@ class SwapPolicy(_Intervention):
 
 
 Intervention = Annotated[
-    Resample | ForceAction | ReplaceObservation | EditContext | SwapPolicy | Probe | Reask,
+    Resample
+    | ForceAction
+    | ReplaceObservation
+    | EditContext
+    | SwapPolicy
+    | Probe
+    | Reask
+    | SeedDraw,
     Field(discriminator="kind"),
 ]
 INTERVENTION_KINDS = ("resample", "action", "observation", "context", "policy")

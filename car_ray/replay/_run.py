@@ -55,6 +55,7 @@ from ._interventions import (
     Reask,
     ReplaceObservation,
     Resample,
+    SeedDraw,
     SwapPolicy,
 )
 from ._shared import SharedDraws, draw_key
@@ -557,6 +558,19 @@ class Run:
             if on_tape:
                 return await self._live(k, request, body)
             iv = None
+        if isinstance(iv, SeedDraw):
+            # The seed's draw where the run is on the tape at the recorded request; a fresh
+            # one elsewhere.
+            if (
+                self._on_tape()
+                and isinstance(recorded, LlmEvent)
+                and recorded.request.path == path
+                and self._recorded_request(body, request, recorded)
+            ):
+                if iv.action is None:
+                    return self._serve(k, recorded, "held", body)
+                return self._forced(k, request, body, path, iv.action)
+            iv = Resample()
         if k < self.plan.first:
             if not isinstance(recorded, LlmEvent):
                 what = "nothing more" if recorded is None else f"tool {recorded.name!r}"
@@ -1154,7 +1168,7 @@ class Run:
                     prev="",
                 )
                 return replaced, "forced"
-            if isinstance(iv, ForceAction | EditContext | Reask):
+            if isinstance(iv, ForceAction | EditContext | Reask | SeedDraw):
                 raise InterventionError(
                     f"step {k} is tool {name!r}: '{iv.kind}' applies to model calls; "
                     "use 'observation' to replace a tool's result"

@@ -79,18 +79,13 @@ class SeedShapley:
     # projected to buy (set by the Shapley stage before each look; None without a cap).
     rule: StopRule = field(default_factory=SignAndT)
     horizon: float | None = None
-    # Off a provider that couples draws, the candidates a seed's later forks can draw as its
-    # first fork did (model steps: a step that stayed on the tape is held, one that left it
-    # is forced to the action it drew, `forced`); only they are learned clean or dirty, and
-    # each fork runs a coalition's acting steps alone (`acting`). None: every candidate
-    # (the coupled provider repeats a seed's draw at a request itself).
+    # Off a provider that couples draws, the candidates whose draw at their recorded request
+    # a seed's later forks repeat (model steps, `standing`); only they are learned clean or
+    # dirty. None: every candidate (the coupled provider repeats a seed's draw itself).
     learnable: frozenset[int] | None = None
     # Per seed: the action (JSON) a candidate drew where a fork of the seed left the tape
-    # at it, the first such fork's.
+    # at it.
     drawn: dict[int, dict[int, str]] = field(default_factory=dict)
-    # Per seed: forks run off a coupling provider for coalitions outside its chain (their
-    # acting steps alone), which `forks_per_seed` counts beside the chain's.
-    ran: dict[int, int] = field(default_factory=dict)
 
     @property
     def exact(self) -> bool:
@@ -126,9 +121,9 @@ class SeedShapley:
         """A fork's outcome; `first_deviation` (the step where it left the tape, None if it
         never did) tells which of its steps drew their recorded action, and every coalition
         of the seed made of such steps alone is then known not to flip; `drawn` is the
-        action the step it left the tape at drew there (`forced`). A coalition outside the
-        seed's chain (a row of an earlier Shapley over fewer candidates, or off a coupling
-        provider a coalition's acting steps) is kept for what it tells of the chain's."""
+        action the step it left the tape at drew there (`standing`). A coalition outside
+        the seed's chain (a row of an earlier Shapley over fewer candidates) is kept for
+        what it tells of the chain's."""
         if flipped is None:
             if coalition in self.coalitions(seed):
                 self.failed.add(seed)
@@ -137,21 +132,19 @@ class SeedShapley:
             self.values.setdefault(seed, {})[coalition] = float(flipped)
         else:
             self.extra.setdefault(seed, {})[coalition] = float(flipped)
-            if self.learnable is not None and coalition <= set(self.candidates):
-                self.ran[seed] = self.ran.get(seed, 0) + 1
         if first_deviation == "unknown":
             return
-        if first_deviation in coalition and self._learns(first_deviation):
-            self.dirty.setdefault(seed, set()).add(first_deviation)
-            if self.learnable is not None:
-                if drawn is None:
-                    # A later fork could not draw it again: the seed is left out, as a
-                    # failed one is (an answer that could not be read).
-                    self.failed.add(seed)
-                self.drawn.setdefault(seed, {}).setdefault(first_deviation, drawn or "")
-        self.learn_clean(
-            seed, [k for k in coalition if first_deviation is None or k < first_deviation]
-        )
+        first = first_deviation
+        if first in coalition and self._learns(first):
+            # Off a coupling provider a step is dirty in the seed only with the action it drew
+            # (a run that ended before it drew nothing there), and a step's first standing in
+            # the seed is its only one (`standing`).
+            if self.learnable is None:
+                self.dirty.setdefault(seed, set()).add(first)
+            elif drawn is not None and first not in self.clean.get(seed, ()):
+                self.dirty.setdefault(seed, set()).add(first)
+                self.drawn.setdefault(seed, {}).setdefault(first, drawn)
+        self.learn_clean(seed, [k for k in coalition if first is None or k < first])
 
     def _learns(self, k: int) -> bool:
         """Whether a fork's draw of candidate k tells the seed's other forks (`learnable`)."""
@@ -161,8 +154,9 @@ class SeedShapley:
         """Candidates whose fresh draw in `seed` is their recorded action (a fork of the seed
         re-drew or probed them and stayed on the tape past them); the seed's coalitions that
         this shows to run as one already known are filled in."""
+        dirty = self.dirty.get(seed, set()) if self.learnable is not None else set()
         self.clean.setdefault(seed, set()).update(
-            k for k in steps if k in self.candidates and self._learns(k)
+            k for k in steps if k in self.candidates and self._learns(k) and k not in dirty
         )
         values = self.values.setdefault(seed, {})
         # Coalitions alike once their leading clean steps are dropped run alike (`_acting`).
@@ -190,23 +184,17 @@ class SeedShapley:
         first = min(unclean)
         return frozenset(k for k in coalition if k >= first)
 
-    def acting(self, seed: int, coalition: frozenset[int]) -> frozenset[int]:
-        """The steps of a coalition a fork of the seed must re-draw (`_acting`): those
-        before are known to draw their recorded action in it, and are held."""
-        return self._acting(seed, coalition)
-
-    def forced(self, seed: int, acting: frozenset[int]) -> tuple[int, str] | None:
-        """Off a coupling provider: the first step of an acting set and the action it drew
-        in this seed, where a fork of the seed left the tape at it. A fork of these steps
-        meets it at its recorded request (every step before it is held or drew its
-        recorded action) and must answer as that draw did, so that every coalition of the
-        seed sees one draw of the step there; a step not yet drawn in the seed draws
-        afresh, and its first draw then stands for the seed."""
-        if not acting or self.learnable is None:
-            return None
-        first = min(acting)
-        action = self.drawn.get(seed, {}).get(first)
-        return None if not action else (first, action)
+    def standing(self, seed: int, k: int) -> Literal["clean", "fresh"] | str:
+        """Off a coupling provider, how a fork of the seed draws candidate k where it meets it
+        on the tape at its recorded request: "clean" (a fork of the seed drew its recorded
+        decision there: the recorded answer), the action (JSON) a fork of the seed drew
+        where it left the tape at k (forced), or "fresh" (no fork of the seed has drawn it
+        there yet; its first draw then stands for the seed). With every step drawn there
+        once a seed, its coalitions read one another (`_acting`) as on the coupled
+        provider; a second draw there would make a step clean if either draw was."""
+        if k in self.clean.get(seed, ()):
+            return "clean"
+        return self.drawn.get(seed, {}).get(k, "fresh")
 
     def known(self, seed: int, coalition: frozenset[int]) -> bool:
         return coalition in self.values.get(seed, {})
@@ -218,8 +206,7 @@ class SeedShapley:
         if not seeds:
             return float(len(self.coalitions(0)))
         inferred = sum(1 for s in seeds for c in self.values[s] if c in self._inferred.get(s, ()))
-        ran = sum(self.ran.get(s, 0) for s in seeds)
-        return (sum(len(self.values[s]) for s in seeds) - inferred + ran) / len(seeds)
+        return (sum(len(self.values[s]) for s in seeds) - inferred) / len(seeds)
 
     def complete_seeds(self) -> list[int]:
         """The seeds the estimates use: 0, 1, ... up to the first seed not complete (failed

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..._notes import Note
 from ...execute import Row
-from ...replay import ForceAction, ForkSpec, Intervention, Probe, Resample
+from ...replay import ForceAction, ForkSpec, Intervention, Probe, Resample, SeedDraw
 from ...tape import LlmEvent
 from .._context import JobContext, coalition_of, probes_of
 from .._results import ShapleyResult, StageResult, Unsettled
@@ -56,11 +56,6 @@ class HeldShapley(BaseStage):
         self.shap = shap
         self.shown = shap  # the game whose blame the job shows (`ShapleyRules.answering`)
         self.pending: set[tuple[int, frozenset[int]]] = set()
-        # Shapley forks in flight, by task id: the (seed, coalition) each was asked for
-        # (off a coupling provider, several coalitions may share one fork of their acting
-        # steps), and the fork of each (seed, acting steps).
-        self.asked: dict[str, list[tuple[int, frozenset[int]]]] = {}
-        self.flying: dict[tuple[int, frozenset[int]], str] = {}
         self.screening: set[str] = set()
         self.out_of_budget = False
         self.per_seed = max(1, len(shap.coalitions(0)))
@@ -107,7 +102,7 @@ class HeldShapley(BaseStage):
             salt=str(ctx.spec.attribution_seed),
             rule=ctx.rules.stop,
             # Off a provider that couples draws, a seed's forks draw its model steps alike
-            # by holding and forcing them (`SeedShapley.forced`).
+            # (`_plan`).
             learnable=None
             if ctx.honours_seed
             else frozenset(k for k in screen.candidates if isinstance(ctx.steps[k], LlmEvent)),
@@ -160,7 +155,7 @@ class HeldShapley(BaseStage):
                 self.screen.observe(sorted(spec.interventions), row["first_deviation"])
             return
         seed, coalition = self._seed(spec), coalition_of(spec)
-        self._settled(spec, seed, coalition)
+        self.pending.discard((seed, coalition))
         # A probe that left the tape is a step the screen had not found: Shapley starts over.
         probed(self.screen, spec, row)
         if self._stale(spec):
@@ -182,19 +177,8 @@ class HeldShapley(BaseStage):
         # outcome and is left out; its other forks are not asked again. (Marking it `cut`,
         # which ends the seeds counted, would leave a given-up seed blocking every later one:
         # the loop's unrun does not yet tell the two apart.)
-        for asked in self._settled(spec, seed, coalition):
-            self.shap.observe(*asked, None)
-
-    def _settled(
-        self, spec: ForkSpec, seed: int, coalition: frozenset[int]
-    ) -> list[tuple[int, frozenset[int]]]:
-        """A Shapley fork is back (or given up): the (seed, coalition)s it was asked for are
-        no longer in flight."""
-        asked = self.asked.pop(spec.task_id, [(seed, coalition)])
-        self.flying.pop((seed, coalition), None)
-        for each in asked:
-            self.pending.discard(each)
-        return asked
+        self.pending.discard((seed, coalition))
+        self.shap.observe(seed, coalition, None)
 
     def _seeds(self, room: int) -> list[Fork]:
         """Forks of Shapley seeds, in seed order: each seed's largest coalition first, its
@@ -225,36 +209,50 @@ class HeldShapley(BaseStage):
             if not begun:
                 owed += per_seed - 1  # its other coalitions may follow its first
             todo = [first] if not begun else shap.coalitions(seed)
+            serial = not self.ctx.honours_seed
+            if serial and any((seed, c) in pending for c in todo):
+                # Off a coupling provider a seed's forks run one at a time: each draws a step
+                # at its recorded request only where no fork of the seed has (`_plan`).
+                seed += 1
+                continue
             for coalition in todo:
                 if len(out) >= room:
                     break
                 if shap.known(seed, coalition) or (seed, coalition) in pending:
                     continue
                 pending.add((seed, coalition))
-                # Off a coupling provider a fork re-draws the coalition's acting steps alone
-                # and answers as the seed drew its first (`SeedShapley.forced`); coalitions
-                # that act alike share one fork.
-                acting = coalition if self.ctx.honours_seed else shap.acting(seed, coalition)
-                twin = self.flying.get((seed, acting))
-                if twin is not None:
-                    self.asked[twin].append((seed, coalition))
-                    continue
-                plan: dict[int, Intervention] = {k: Resample() for k in acting}
-                forced = shap.forced(seed, acting)
-                if forced is not None:
-                    plan[forced[0]] = ForceAction.model_validate(_forceable(forced[1]))
                 fork_seed = SHAPLEY_SEEDS + seed
+                plan = self._plan(seed, coalition)
                 # The fork also probes the steps not found that no fork of its seed has
                 # shown yet: screen draws for free (a smaller coalition stays on the tape
                 # longer, and reaches later steps at their recorded requests).
                 plan.update((k, Probe()) for k in self.clearance.probe_steps(fork_seed))
-                key = tuple(sorted(acting))
-                spec = self.ctx.seeds.fork("shapley", key, plan, "held", fork_seed)
-                self.asked[spec.task_id] = [(seed, coalition)]
-                self.flying[(seed, acting)] = spec.task_id
-                out.append(("shapley", spec))
+                key = tuple(sorted(coalition))
+                out.append(
+                    ("shapley", self.ctx.seeds.fork("shapley", key, plan, "held", fork_seed))
+                )
+                if serial:
+                    break
             seed += 1
         return out
+
+    def _plan(self, seed: int, coalition: frozenset[int]) -> dict[int, Intervention]:
+        """A coalition's fork: each step re-drawn. Off a provider that does not repeat a
+        seed's draws, a model step a fork of the seed has drawn at its recorded request
+        answers as it did wherever the run meets it there (`replay.SeedDraw`: the recorded
+        answer, or the action it drew, forced), so that each step is drawn there once a seed
+        and the seed's coalitions read one another as on the coupled provider; the seed's
+        forks run one at a time (`_seeds`), so no two draw a step there at once."""
+        plan: dict[int, Intervention] = {}
+        for k in sorted(coalition):
+            standing = "fresh" if self.ctx.honours_seed else self.shap.standing(seed, k)
+            if standing == "fresh":
+                plan[k] = Resample()
+            elif standing == "clean":
+                plan[k] = SeedDraw()
+            else:
+                plan[k] = SeedDraw(action=ForceAction.model_validate(_forceable(standing)))
+        return plan
 
     def _window(self, per_seed: float, left: float | None) -> int:
         """Shapley forks in flight at once, as the job's window rule says
