@@ -714,7 +714,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
         row = {"outcome": 1.0, "first_deviation": deviation, "flipped": bool(_flips(coalition, u))}
         rows.append((seed, spec, row))
         screen.probed(seed, [2], deviation)
-        _observe(first, seed, spec, row, repeats=True)
+        _observe(first, seed, spec, row)
         if 2 in screen.hits:
             break
     found = len(rows) - 1
@@ -723,7 +723,7 @@ def test_a_shapley_that_starts_over_keeps_every_seed_before_it() -> None:
     for fork_seed, k in sorted(screen.probes):
         again.learn_clean(fork_seed, [k])
     for seed, spec, row in rows:
-        _observe(again, seed, spec, row, repeats=True)
+        _observe(again, seed, spec, row)
     for seed in range(found):
         assert all(again.known(seed, c) for c in again.coalitions(seed)), seed
         for c in again.coalitions(seed):
@@ -894,8 +894,8 @@ def test_a_provider_that_ignores_seeds_teaches_only_what_later_forks_repeat() ->
     learned = SeedShapley([2, 4], 0.05, salt="q", learnable=frozenset({2, 4}))
     unlearned = SeedShapley([2, 4], 0.05, salt="q", learnable=frozenset())
     spec = ForkSpec(tape_id="t", interventions={2: Resample(), 4: Resample()}, tail="held")
-    _observe(learned, 0, spec, row, repeats=False)
-    _observe(unlearned, 0, spec, row, repeats=False)
+    _observe(learned, 0, spec, row)
+    _observe(unlearned, 0, spec, row)
     assert learned.complete_seeds() == [0]
     assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1
 

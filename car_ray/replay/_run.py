@@ -305,13 +305,16 @@ def first_deviation(
 
 def drawn_at(trajectory: list[dict[str, Any]], step: int | None) -> str | None:
     """The action a run's model answered at `step` (its first deviation), as canonical JSON;
-    None where that step is no model call with an answer read."""
+    "" where the model answered there but its answer could not be read, None where the run
+    made no model call there (it ended before, or the step is a tool's)."""
     if step is None:
         return None
     for entry in trajectory:
         if int(entry["step"]) == step:
-            action = entry.get("action") if entry["kind"] == "llm" else None
-            return None if action is None else canonical_bytes(action).decode()
+            if entry["kind"] != "llm":
+                return None
+            action = entry.get("action")
+            return "" if action is None else canonical_bytes(action).decode()
     return None
 
 

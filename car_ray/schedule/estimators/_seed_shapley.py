@@ -136,11 +136,14 @@ class SeedShapley:
             return
         first = first_deviation
         if first in coalition and self._learns(first):
-            # Off a coupling provider a step is dirty in the seed only with the action it drew
-            # (a run that ended before it drew nothing there), and a step's first standing in
-            # the seed is its only one (`standing`).
+            # Off a coupling provider a step is dirty in the seed with the action it drew (a
+            # run that ended before it drew nothing there), and a step's first standing in
+            # the seed is its only one (`standing`). An answer that could not be read
+            # cannot be given again: the seed is left out, as a failed one is.
             if self.learnable is None:
                 self.dirty.setdefault(seed, set()).add(first)
+            elif drawn == "":
+                self.failed.add(seed)
             elif drawn is not None and first not in self.clean.get(seed, ()):
                 self.dirty.setdefault(seed, set()).add(first)
                 self.drawn.setdefault(seed, {}).setdefault(first, drawn)

@@ -107,11 +107,11 @@ class HeldShapley(BaseStage):
             if ctx.honours_seed
             else frozenset(k for k in screen.candidates if isinstance(ctx.steps[k], LlmEvent)),
         )
-        if ctx.honours_seed:
-            first = ctx.seeds.base + SHAPLEY_SEEDS
-            for fork_seed, k in sorted(screen.probes):
-                if k in shap.candidates and fork_seed >= first:
-                    shap.learn_clean(fork_seed - first, [k])
+        # A probe that drew a step's recorded action in a seed is that step's draw there.
+        first = ctx.seeds.base + SHAPLEY_SEEDS
+        for fork_seed, k in sorted(screen.probes):
+            if k in shap.candidates and fork_seed >= first:
+                shap.learn_clean(fork_seed - first, [k])
         # Off a provider that couples draws: the candidates this game keeps as a maximal
         # coupling would once their requests changed, and the seeds that drew one of them
         # live (`_stale`).
@@ -124,7 +124,7 @@ class HeldShapley(BaseStage):
             if self._seed(spec) in self.stale:
                 shap.failed.add(self._seed(spec))
             else:
-                _observe(shap, self._seed(spec), spec, row, repeats=ctx.honours_seed)
+                _observe(shap, self._seed(spec), spec, row)
         return shap
 
     def _stale(self, spec: ForkSpec) -> bool:
@@ -163,7 +163,7 @@ class HeldShapley(BaseStage):
         if seed in self.stale:
             self.shap.failed.add(seed)
             return
-        _observe(self.shap, seed, spec, row, repeats=self.ctx.honours_seed)
+        _observe(self.shap, seed, spec, row)
 
     def unrun(self, spec: ForkSpec) -> None:
         if spec.task_id in self.going_on.pending:
@@ -213,8 +213,12 @@ class HeldShapley(BaseStage):
             if serial and any((seed, c) in pending for c in todo):
                 # Off a coupling provider a seed's forks run one at a time: each draws a step
                 # at its recorded request only where no fork of the seed has (`_plan`).
+                owed += sum(1 for c in todo if not shap.known(seed, c) and (seed, c) not in pending)
                 seed += 1
                 continue
+            if serial and begun:
+                # The forks this seed may still need beyond the one asked now.
+                owed += max(0, sum(1 for c in todo if not shap.known(seed, c)) - 1)
             for coalition in todo:
                 if len(out) >= room:
                     break
@@ -418,19 +422,20 @@ class HeldShapley(BaseStage):
         return all(phi.half_width <= self.target for phi, _, _ in self.shap.estimates().values())
 
 
-def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row, *, repeats: bool) -> None:
+def _observe(shap: SeedShapley, seed: int, spec: ForkSpec, row: Row) -> None:
     """A Shapley fork's row, and which of its steps drew their recorded action (where the
-    provider repeats a seed's draws, `repeats`, every candidate; elsewhere the model steps,
-    whose draws the seed's later forks hold or force, `SeedShapley.forced`). A fork whose
+    provider repeats a seed's draws, every candidate; elsewhere the model steps, which a
+    seed's forks draw once at their recorded request, `SeedShapley.standing`). A fork whose
     first deviation is a probe measured nothing of its coalition while that step is not a
-    candidate (the screen found it: Shapley starts over); once it is, and the provider
-    repeats draws, the fork is its coalition with that step re-drawn (the probe drew it as
-    a re-drawn step of that seed does, and later probes kept their mechanism). Elsewhere
-    it is left out."""
+    candidate (the screen found it: Shapley starts over); once it is, the fork is its
+    coalition with that step re-drawn (the probe drew it at its recorded request as a
+    re-drawn step of that seed does, and later probes kept their mechanism). Dropped, it
+    would take with it the clean draws of the steps before the probe, and those steps
+    would be drawn again: dirty more often than they are."""
     scored = row["outcome"] is not None
     coalition = coalition_of(spec)
     if scored and row["first_deviation"] in probes_of(spec):
-        if row["first_deviation"] not in shap.candidates or not repeats:
+        if row["first_deviation"] not in shap.candidates:
             return
         coalition = coalition | {row["first_deviation"]}
     flipped = row["flipped"] if scored else None
