@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections.abc import Callable
@@ -898,6 +899,30 @@ def test_a_provider_that_ignores_seeds_teaches_only_what_later_forks_repeat() ->
     _observe(unlearned, 0, spec, row)
     assert learned.complete_seeds() == [0]
     assert unlearned.complete_seeds() == [] and len(unlearned.values[0]) == 1
+
+
+def test_off_a_coupling_provider_a_probe_that_left_the_tape_is_a_draw_of_its_seed() -> None:
+    """A fork of {2, 6} whose probe of step 4 (a candidate by now) left the tape, with 2
+    clean: the fork is {2, 4, 6} with 4 re-drawn, 2 is clean and 4 dirty with the action it
+    drew, which later forks of the seed force (`SeedShapley.standing`). Dropped, the fork
+    would take 2's clean draw with it, and 2 would be drawn again. A deviating answer that
+    could not be read (drawn "") leaves the seed out: it cannot be given again."""
+    from car_ray.replay import Probe
+    from car_ray.schedule.stages._shapley import _observe
+
+    action = json.dumps({"text": "b", "tool_calls": []})
+    shap = SeedShapley([2, 4, 6], 0.05, salt="q", learnable=frozenset({2, 4, 6}))
+    spec = ForkSpec(
+        tape_id="t", interventions={2: Resample(), 4: Probe(), 6: Resample()}, tail="held"
+    )
+    row = {"outcome": 0.0, "flipped": True, "first_deviation": 4, "drawn": action}
+    _observe(shap, 0, spec, row)
+    assert shap.values[0][frozenset({2, 4, 6})] == 1.0
+    assert shap.standing(0, 2) == "clean" and shap.standing(0, 4) == action
+    assert shap.standing(0, 6) == "fresh" and 0 not in shap.failed
+    unread = {"outcome": 1.0, "flipped": False, "first_deviation": 2, "drawn": ""}
+    _observe(shap, 1, ForkSpec(tape_id="t", interventions={2: Resample()}, tail="held"), unread)
+    assert 1 in shap.failed
 
 
 @pytest.mark.parametrize(
