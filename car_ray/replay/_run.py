@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal, NoReturn, TypeGuard
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -552,24 +552,13 @@ class Run:
         if isinstance(iv, Probe):
             # Re-drawn only while the run is on the tape, at its recorded request; elsewhere
             # it keeps its mechanism.
-            on_tape = (
-                self._on_tape()
-                and isinstance(recorded, LlmEvent)
-                and recorded.request.path == path
-                and self._recorded_request(body, request, recorded)
-            )
-            if on_tape:
+            if self._on_tape() and self._meets_recorded(recorded, path, body, request):
                 return await self._live(k, request, body)
             iv = None
         if isinstance(iv, SeedDraw):
             # The seed's draw where the run is on the tape at the recorded request; a fresh
             # one elsewhere.
-            if (
-                self._on_tape()
-                and isinstance(recorded, LlmEvent)
-                and recorded.request.path == path
-                and self._recorded_request(body, request, recorded)
-            ):
+            if self._on_tape() and self._meets_recorded(recorded, path, body, request):
                 if iv.action is None:
                     return self._serve(k, recorded, "held", body)
                 return self._forced(k, request, body, path, iv.action)
@@ -634,11 +623,7 @@ class Run:
             # is the recorded one (decision for decision, where the job holds decisions),
             # else an answer drawn with the recorded draw's randomness where the provider
             # couples draws.
-            if (
-                isinstance(recorded, LlmEvent)
-                and recorded.request.path == path
-                and self._recorded_request(body, request, recorded)
-            ):
+            if self._meets_recorded(recorded, path, body, request):
                 return self._serve(k, recorded, "held", body)
             couple = self.plan.couple
             if couple is not None:
@@ -680,6 +665,21 @@ class Run:
         except (ValueError, KeyError, TypeError):
             return
         self._answers[str(response.get("id"))] = (body, response.get("output") or [], issued)
+
+    def _meets_recorded(
+        self,
+        recorded: LlmEvent | ToolEvent | None,
+        path: str,
+        body: Any,
+        request: WireRequest,
+    ) -> TypeGuard[LlmEvent]:
+        """Whether a model call is its step's recorded one: a recorded model call, to the same
+        endpoint, with its recorded request (`_recorded_request`)."""
+        return (
+            isinstance(recorded, LlmEvent)
+            and recorded.request.path == path
+            and self._recorded_request(body, request, recorded)
+        )
 
     def _recorded_request(self, body: Any, request: WireRequest, recorded: LlmEvent) -> bool:
         """Whether a request is step's recorded one: byte for byte, or, where the job holds

@@ -18,23 +18,24 @@ from ._shapley import HeldShapley
 
 
 class HeldScreen(BaseStage):
-    """Which steps ever choose differently: blocks of steps re-drawn together, held tail (see
-    `DeviationScreen`), until the first step found or every step has its clean draws. Hands over
-    to `HeldShapley` over the steps it found (to `HeldGroups` when they are GROUPS_FROM or more)
-    once a screen fork has changed the outcome; until one has, it re-draws every step at once
-    (the outcome check, `DeviationScreen.outcome`), and once so many such forks all kept the
-    outcome that the bound they put on all steps' blame together is an interval [0, b] within
-    the job's target, and never before SCREEN_CLEAN (`JobContext.clean_enough`), it says no
-    step is to blame, every step settled
-    on them. With none found, screens again to the first find or as many clean draws of every
-    step (the same bound, on each step's rate of leaving the tape) before it says no step makes
-    a choice (its result's verdict). With `arms` waiting for it (off the coupled provider) it
+    """Which steps ever choose differently: blocks of steps re-drawn together, held tail
+    (see `DeviationScreen`), until the first step found or every step has its clean draws.
+    Hands over to `HeldShapley` over the steps it found (to `HeldGroups` when they are
+    GROUPS_FROM or more) once a screen fork has changed the outcome; until one has, it
+    re-draws every step at once (the outcome check, `DeviationScreen.outcome`), and once so
+    many such forks all kept the outcome that the bound they put on all steps' blame
+    together is an interval [0, b] within the job's target, and never before SCREEN_CLEAN
+    (`JobContext.clean_enough`), it says no step is to blame, every step settled on them.
+    With none found, screens again to the first find or as many clean draws of every step
+    (the same bound, on each step's rate of leaving the tape) before it says no step makes a
+    choice (its result's verdict). With `arms` waiting for it (off the coupled provider) it
     does not stop at its first find but looks on until every step is found or cleared to
     SCREEN_FIRST, asks for the forks that re-draw each step it found alone at its recorded
-    request up to SHARE_FIRST draws there (`DecisionShares`: the share the arms' couplings read;
-    a step found at its first draw reads as rare, and its decision is then kept far too often; a
-    fork that brings back no draw is not replaced), and runs them before whatever it hands over
-    to (not before the group game, whose steps' words change at every draw)."""
+    request up to SHARE_FIRST draws there (`DecisionShares`: the share the arms' couplings
+    read; a step found at its first draw reads as rare, and its decision is then kept far
+    too often; a fork that brings back no draw is not replaced), and runs them before
+    whatever it hands over to (not before the group game, whose steps' words change at every
+    draw)."""
 
     name = "screen"
 
