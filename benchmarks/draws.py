@@ -7,6 +7,9 @@ estimates: the held game on the coupled provider, the maximal game off it (`trut
 
     .venv/bin/python benchmarks/draws.py [--seeds 10] [--processes 2] [--jobs a,b]
                                         [--draws coupled,seeded,seeded:live,unseeded]
+                                        [--per-step 10]
+
+`--per-step` sets the jobs' fork cap (forks a step of the tape; validate's, 10, by default).
 
 A way is the provider's draws, and off the coupled provider what a held step that chose does
 once its request changed: `seeded` keeps its decision as an estimated maximal coupling would
@@ -64,8 +67,8 @@ def _game(way: str) -> str:
     return game_of(way.partition(":")[0])
 
 
-def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...]]) -> dict[str, Any]:
-    job_file, way, seed, top, roots = task
+def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...], int]) -> dict[str, Any]:
+    job_file, way, seed, top, roots, per_step = task
     draws, _, live = way.partition(":")
     from car_ray.bench import _job_and_tape, _quiet, ended, top1
     from car_ray.job import Job
@@ -81,8 +84,9 @@ def run(task: tuple[str, str, int, tuple[int, ...], tuple[int, ...]]) -> dict[st
         update={"attribution_seed": seed, "provider": provider, "coupling": coupling}
     )
     began = time.perf_counter()
-    # The default job: validate's cap (10 forks a step).
-    outcome, rows = run_local(Job(base.path, spec), tape, Budget(max_forks=10 * len(tape.steps)))
+    # The default job: validate's cap (10 forks a step), or `--per-step`'s.
+    budget = Budget(max_forks=per_step * len(tape.steps))
+    outcome, rows = run_local(Job(base.path, spec), tape, budget)
     found, right = top1("auto", outcome.attribution, list(top))
     whole = whole_top(outcome.attribution, top) if top else right
     named = root_cause(outcome.attribution)
@@ -128,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--jobs", default="", help="scenario folders, comma-separated")
     parser.add_argument("--draws", default=",".join(WAYS))
+    parser.add_argument("--per-step", type=int, default=10, help="the fork cap, per step")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     from car_ray.validate import suite
@@ -141,14 +146,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     games = sorted({(f, _game(way)) for f in files for way in ways})
     exact = dict(zip(games, in_processes(_truth, games, args.processes), strict=True))
     tasks = [
-        (f, draws, seed, *(tuple(x) for x in exact[(f, _game(draws))]))
+        (f, draws, seed, *(tuple(x) for x in exact[(f, _game(draws))]), args.per_step)
         for f in files
         for draws in ways
         for seed in range(args.seeds)
     ]
     results = in_processes(run, tasks, args.processes)
     console = make_console()
-    table = Table(title=f"default jobs over {args.seeds} attribution seeds, by provider draws")
+    table = Table(
+        title=f"default jobs over {args.seeds} attribution seeds at {args.per_step} forks a "
+        "step, by provider draws"
+    )
     columns = ["scenario", "steps"]
     for draws in ways:
         columns += [
@@ -191,7 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(median)",
             markup=False,
         )
-    figures = {"seeds": args.seeds, "ways": ways, "summary": summary, "runs": results}
+    figures = {
+        "seeds": args.seeds,
+        "per_step": args.per_step,
+        "ways": ways,
+        "summary": summary,
+        "runs": results,
+    }
     write_figures(console, args.out, "draws.json", figures, began)
     return 0
 
