@@ -599,11 +599,13 @@ class _BatchRun:
                 continue
             old = JobInfo.read(self.folder, trace.job_id)
             state = previous.traces.get(trace.name) if previous else None
-            if state is not None and state.cap is not None and same_budget:
-                # Its share stands while the batch's budget does (a larger one is shared anew).
+            ended = old is not None and old.status in FINAL
+            if state is not None and state.cap is not None and (same_budget or ended):
+                # Its share stands while the batch's budget does (a larger one is shared
+                # anew); a trace that ended keeps the cap it ran under, in every later run.
                 c = state.cap
                 trace.cap = Budget(c.max_forks, c.max_usd, c.max_tokens, c.max_wall_s)
-            if old is not None and old.status in FINAL:
+            if old is not None and ended:
                 trace.status = old.status
                 trace.row = trace_row(trace, old)
                 spent = old.ledger.spent if old.ledger else Spend()
@@ -623,6 +625,7 @@ class _BatchRun:
                 planted=trace.planted,
                 status=trace.status,
                 reason=trace.reason,
+                cap=Caps(**trace.cap.as_dict()) if trace.cap is not None else None,
                 settings=trace.settings,
             )
         return done_before, spent_total, carried_total

@@ -25,7 +25,7 @@ from car_ray.batch import batch_forks, run_batch
 from car_ray.job import Job
 from car_ray.job import load_job as load
 from car_ray.replay import BaseUrls, is_bad, record
-from car_ray.results import BatchInfo, ForkSink, JobInfo
+from car_ray.results import BatchInfo, ForkSink, JobInfo, TraceRow
 from car_ray.sim import SEPARATOR, SimServer
 from car_ray.tape import load_tape
 from car_ray.truth import solve
@@ -114,12 +114,20 @@ def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
     status = {s["key"]: s["traces"] for s in summary if s["dimension"] == "status"}
     assert status == {"complete": 3, "not_failing": 1, "corrupt": 1}
 
-    # The same command again: every trace ended, nothing runs, nothing is spent.
-    again = run_batch(job, given, out=str(out), budget_usd=0.5, max_forks=600)
-    assert again.info.spent == result.info.spent and again.info.runs == 2
-    assert [(r.trace, r.status, r.top_step) for r in again.rows] == [
-        (r.trace, r.status, r.top_step) for r in result.rows
-    ]
+    # The same command again, twice: every trace ended, nothing runs, nothing is spent, and
+    # each trace keeps what it ran under and showed (its cap in batch.json and its row).
+    def kept(rows: list[TraceRow]) -> list[tuple[object, ...]]:
+        return [(r.trace, r.status, r.top_step, r.cap_usd, r.cap_forks, r.verdict) for r in rows]
+
+    caps = {name: state.cap for name, state in result.info.traces.items()}
+    assert any(cap is not None for cap in caps.values())
+    for runs in (2, 3):
+        again = run_batch(job, given, out=str(out), budget_usd=0.5, max_forks=600)
+        assert again.info.spent == result.info.spent and again.info.runs == runs
+        assert kept(again.rows) == kept(result.rows)
+        on_disk = BatchInfo.read(str(out), result.info.batch_id)
+        assert on_disk is not None
+        assert {name: state.cap for name, state in on_disk.traces.items()} == caps
 
 
 def test_an_equal_split_caps_each_trace_at_its_share(
