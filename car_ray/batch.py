@@ -356,7 +356,8 @@ class Shares:
 
 
 def _top_fields(tape: Tape | None, top: dict[str, Any] | None) -> dict[str, Any]:
-    """TraceRow's top_* fields from job.json's `top_cause`."""
+    """TraceRow's top_* fields from job.json's `top_cause`, and its root_* fields from the
+    root it names."""
     if not top or not top.get("steps"):
         return {}
     first = top["steps"][0]
@@ -381,6 +382,21 @@ def _top_fields(tape: Tape | None, top: dict[str, Any] | None) -> dict[str, Any]
         elif isinstance(event, ToolEvent):
             out["top_kind"] = "tool"
             out["top_tool"] = event.name
+    root = top.get("root")
+    if root:
+        step = int(root["step"])
+        out |= {
+            "root_step": step,
+            "root_intervention": root.get("intervention"),
+            "root_value": root.get("value"),
+            "root_lo": root.get("low"),
+            "root_hi": root.get("high"),
+            "root_what": root.get("what"),
+        }
+        if tape is not None and 0 <= step < len(tape.steps):
+            event = tape.steps[step]
+            if isinstance(event, ToolEvent):
+                out["root_tool"] = event.name
     return out
 
 
@@ -575,8 +591,9 @@ class _BatchRun:
         self.shares = Shares(split, budget, self.queue)
         bad = len([t for t in traces if t.status in UNATTRIBUTABLE])
         console.print(
-            f"{kind} {batch_id}: {len(traces)} {trace_word(kind)} ({len(self.queue)} to run, "
-            f"{done_before} done before, {bad} not attributable) → {shown(folder)}",
+            f"{kind} {batch_id}: {len(traces)} {trace_word(kind, len(traces))} "
+            f"({len(self.queue)} to run, {done_before} done before, {bad} not attributable) "
+            f"→ {shown(folder)}",
             markup=False,
             highlight=False,
         )
@@ -735,7 +752,7 @@ class _BatchRun:
         spent = self.shared.governor.spent
         cap = f" of ${self.budget.max_usd:g}" if self.budget.max_usd else ""
         self.console.print(
-            f"  {len(ended)}/{len(self.traces)} {trace_word(self.kind)} ended, "
+            f"  {len(ended)}/{len(self.traces)} {trace_word(self.kind, len(self.traces))} ended, "
             f"{len(self.running)} running, {spent.forks} forks, ${spent.usd:.4f}{cap} spent",
             markup=False,
             highlight=False,
@@ -809,8 +826,10 @@ def _job_run(trace: Trace, folder: str, held: Held) -> JobRun:
     )
 
 
-def trace_word(kind: str) -> str:
-    return "cells" if kind == "sweep" else "traces"
+def trace_word(kind: str, n: int = 2) -> str:
+    """What a batch's units are called: traces (a sweep's: cells), or one of them."""
+    word = "cells" if kind == "sweep" else "traces"
+    return word if n != 1 else word[:-1]
 
 
 def _spend(shared: SharedBudget) -> Spend:
@@ -831,8 +850,13 @@ def _write_summary(out: str, batch_id: str, info: BatchInfo, rows: list[TraceRow
     write_batch_report(out, info, rows, summary)
 
 
+# The keys of each blame dimension the terminal names after a batch (`batch_text`).
+MOST_NAMED = 3
+
+
 def batch_text(result: BatchResult) -> str:
-    """The batch's outcome for the terminal: counts by status and where it all is."""
+    """The batch's outcome for the terminal: counts by status and where it all is; then, where
+    traces were attributed, the root and the rank-1 step most of them name (`summarize`)."""
     counts: dict[str, int] = {}
     for r in result.rows:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -846,7 +870,27 @@ def batch_text(result: BatchResult) -> str:
         + answers
         + f"; {s.forks} forks, ${s.usd:.4f} spent in {result.info.wall_s or 0:.1f} s → "
         + shown(result.folder)
+        + _most_named(result)
     )
+
+
+def _most_named(result: BatchResult) -> str:
+    """What carries the blame, as lines after the batch's outcome ('' with no attributed
+    trace): the roots the traces name and their rank-1 causes, the MOST_NAMED most named of
+    each, with how many of the attributed traces name each ('roots: step 1 (lookup_order
+    result) in 2 of 3 attributed traces')."""
+    confidence = float(result.info.request.get("confidence") or 0.95)
+    summary = summarize([r.model_dump() for r in result.rows], confidence)
+    word = trace_word(result.info.kind)
+    lines = []
+    for dimension, what in (("root", "roots"), ("step", "rank-1 causes")):
+        named = [row for row in summary if row["dimension"] == dimension]
+        if not named:
+            continue
+        shown_ = [f"{row['key']} in {row['traces']}" for row in named[:MOST_NAMED]]
+        more = f", {len(named) - MOST_NAMED} more" if len(named) > MOST_NAMED else ""
+        lines.append(f"{what}: {', '.join(shown_)}{more} (of {named[0]['of']} attributed {word})")
+    return "".join(f"\n{line}" for line in lines)
 
 
 def rows_json(result: BatchResult) -> str:

@@ -21,11 +21,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from car_ray.attribute import tape_outcome
-from car_ray.batch import batch_forks, run_batch
+from car_ray.batch import batch_forks, batch_text, run_batch
 from car_ray.job import Job
 from car_ray.job import load_job as load
 from car_ray.replay import BaseUrls, is_bad, record
 from car_ray.results import BatchInfo, ForkSink, JobInfo, TraceRow
+from car_ray.results._verdict import ROOT_KINDS, ROOT_SHARE
 from car_ray.sim import SEPARATOR, SimServer
 from car_ray.tape import load_tape
 from car_ray.truth import solve
@@ -89,6 +90,10 @@ def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
             continue
         truth = run(solve(job, load_tape(Path(row.tape))))
         assert row.top_step in truth.top, (row, truth.top)
+        # And its root is the input whose replacement clears the failure most, exactly.
+        flips = {a.step: a.flip for a in truth.arms if a.kind in ROOT_KINDS}
+        assert max(flips.values()) > ROOT_SHARE and row.root_step == max(flips, key=flips.get)
+        assert (row.root_intervention, row.root_tool) == ("observation", "lookup_order")
         assert (out / result.info.batch_id / row.folder / "report.html").exists()
 
     # Partitioned by trace and readable as one dataset: its rows per trace are the forks
@@ -113,6 +118,10 @@ def test_a_batch_attributes_each_trace_reports_the_bad_ones_and_continues(
     summary = pq.read_table(Path(result.folder) / "summary.parquet").to_pylist()
     status = {s["key"]: s["traces"] for s in summary if s["dimension"] == "status"}
     assert status == {"complete": 3, "not_failing": 1, "corrupt": 1}
+    # The terminal names the root the traces share and their rank-1 causes.
+    said = batch_text(result).splitlines()
+    assert said[1] == "roots: step 1 (lookup_order result) in 3 (of 3 attributed traces)"
+    assert said[2].startswith("rank-1 causes: step ")
 
     # The same command again, twice: every trace ended, nothing runs, nothing is spent, and
     # each trace keeps what it ran under and showed (its cap in batch.json and its row).

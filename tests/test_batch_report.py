@@ -18,6 +18,14 @@ from .conftest import BROWSER_TIMEOUT_S, open_page
 HOSTILE = '<img src=x onerror="alert(1)">[bold red]boom[/]</td></table><script>alert(2)</script>'
 
 
+# A trace's verdict line, as its job wrote it (recorded text in it is text on the page too).
+VERDICT = (
+    f"verdict: the tool result at step 1 (lookup_order returned {HOSTILE}) is the root: "
+    "replacing it clears the failure 100% of the time [0.90, 1.00]; the agent went wrong at "
+    "step 3 (blame φ 0.80 [0.70, 0.90]) at 95% confidence"
+)
+
+
 def _rows() -> list[TraceRow]:
     """Four traces: two name their planted step, one misses it, one is corrupt; recorded
     text (a tool name, a tape path, a reason) carries markup."""
@@ -27,7 +35,8 @@ def _rows() -> list[TraceRow]:
             trace="aaaa", tape="nt/a.tape", folder="trace=aaaa", status="complete",
             top_step=1, top_tool="lookup_order", top_measure="phi", top_value=0.8,
             top_lo=0.7, top_hi=0.9, top_alone=True, planted="injected_note", planted_step=1,
-            **common,
+            root_step=1, root_intervention="observation", root_tool="lookup_order",
+            root_value=1.0, root_lo=0.9, root_hi=1.0, verdict=VERDICT, **common,
         ),
         TraceRow(
             trace="bbbb", tape=f"nt/{HOSTILE}.tape", folder="trace=bbbb", status="complete",
@@ -82,7 +91,7 @@ def test_the_batch_page_shows_the_blame_every_trace_and_recorded_text_as_text(
     assert page.locator("h1").inner_text().split() == ["car-ray", "batch", "complete"]
     # 3 of the 4 traces have a rank-1 cause; two of three planted steps are rank 1.
     assert page.locator(".verdict").inner_text() == (
-        "3 of 4 traces have a rank-1 cause; the planted step is rank 1 in 2 of 3"
+        "3 of 4 traces have a rank-1 cause, 1 of them a root; the planted step is rank 1 in 2 of 3"
     )
 
     # The blame: steps counted over the 3 attributed traces, statuses over all 4.
@@ -90,6 +99,7 @@ def test_the_batch_page_shows_the_blame_every_trace_and_recorded_text_as_text(
         cells = page.locator(f'table[data-dimension="{dimension}"] tbody tr')
         return [[c.strip() for c in r.split("\t")][:2] for r in cells.all_inner_texts()]
 
+    assert table("root") == [["step 1 (lookup_order result)", "1 of 3"]]
     assert table("step") == [["step 1 (tool)", "2 of 3"], ["step 3 (tool)", "1 of 3"]]
     assert table("status") == [
         ["complete", "2 of 4"],
@@ -107,6 +117,10 @@ def test_the_batch_page_shows_the_blame_every_trace_and_recorded_text_as_text(
     page.go_back()
 
     traces = page.locator("table.traces").inner_text()
+    # The root a trace names, and its verdict line word for word, as `show` prints it.
+    first = page.locator("table.traces tbody tr").first.inner_text()
+    assert "step 1 (the lookup_order result): replacing it clears the failure 1.00" in first
+    assert VERDICT in first and "blame φ 0.80 [0.70, 0.90]" in first
     assert "injected_note at step 1: named" in traces
     assert "wrong_policy at step 2: missed (rank 1: step 3)" in traces
     assert f"line 3: not JSON {HOSTILE}" in traces

@@ -26,10 +26,20 @@ TRACES = [
     ("u8", "corrupt", None, None, None, None, None),
     ("u9", "corrupt", None, None, None, None, None),
 ]
+# The roots some traces name: (step, intervention, the tool whose result it is).
+ROOTS = {
+    "a0": (1, "observation", "lookup_order"),
+    "a1": (1, "observation", "lookup_order"),
+    "a2": (0, "context", None),
+    "a5": (1, "observation", "lookup_order"),
+}
 
-# Counted by hand from TRACES: (dimension, key, traces, of), in the order the summary lists
-# them. 7 traces are attributed; ties (step 3 and step 10, once each) go by step number.
+# Counted by hand from TRACES and ROOTS: (dimension, key, traces, of), in the order the
+# summary lists them. 7 traces are attributed; ties (step 3 and step 10, once each) go by
+# step number.
 EXPECTED = [
+    ("root", "step 1 (lookup_order result)", 3, 7),
+    ("root", "step 0 (request)", 1, 7),
     ("step", "step 4 (llm)", 3, 7),
     ("step", "step 2 (tool)", 2, 7),
     ("step", "step 3 (tool)", 1, 7),
@@ -63,6 +73,8 @@ def trace_rows() -> list[dict[str, Any]]:
             top_model=model,
             top_intervention=intervention,
         )
+        if trace in ROOTS:
+            row.root_step, row.root_intervention, row.root_tool = ROOTS[trace]
         rows.append(row.model_dump())
     return rows
 

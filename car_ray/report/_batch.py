@@ -1,7 +1,8 @@
 """The batch's (or sweep's) report page: one self-contained HTML page, no script, that works
 offline. What carries the blame across the traces (`summary.parquet`, each share with its
-interval), then every trace (or sweep cell) with its rank-1 cause, its spend and, when the
-trace wrote one, a link to its own report. Everything recorded (tape paths, reasons, tool and
+interval), then every trace (or sweep cell) with the root it names, its rank-1 cause and its
+verdict line (as `show` words it), its spend and, when the trace wrote one, a link to its own
+report. Everything recorded (tape paths, reasons, tool and
 model names, a cell's settings) is HTML-escaped before it reaches the page."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ Summary = Mapping[str, Any]
 
 # The summary's blame dimensions, in page order, with their headings.
 _DIMENSIONS = (
+    ("root", "Roots: the input whose replacement cleared the failure"),
     ("step", "Steps"),
     ("tool", "Tools"),
     ("model", "Models"),
@@ -68,6 +70,9 @@ def _header(info: BatchInfo, traces: Sequence[TraceRow], word: str) -> str:
     status_class = "ok" if status in _OK else "warn"
     attributed = [r for r in traces if r.top_step is not None]
     line = f"{len(attributed)} of {len(traces)} {word} have a rank-1 cause"
+    rooted = [r for r in traces if r.root_step is not None]
+    if rooted:
+        line += f", {len(rooted)} of them a root"
     open_ = [r for r in traces if r.answer is not None and r.answer not in ANSWERED]
     if open_:
         line += f"; {len(open_)} not answered"
@@ -110,16 +115,18 @@ def _blame(summary: Sequence[Summary], word: str) -> str:
     """A table per dimension: each key's count and share of the attributed traces, as a bar
     with its interval."""
     parts = ['<section id="blame"><h2>What carries the blame</h2>']
-    rows = [s for s in summary if s["dimension"] != "status"]
+    rows = [s for s in summary if s["dimension"] not in ("status", "answer")]
     if not rows:
         parts.append(f'<p class="legend">No {esc(word)} have a rank-1 cause yet.</p>')
     else:
         of, confidence = rows[0]["of"], float(rows[0]["confidence"])
         parts.append(
-            f'<p class="legend">Share of the {esc(of)} attributed {esc(word)} whose rank-1 '
-            f"cause has each key, with a Wilson interval at {confidence:.0%}.</p>"
+            f'<p class="legend">Share of the {esc(of)} attributed {esc(word)} that name each '
+            f"root, and whose rank-1 cause has each key, with a Wilson interval at "
+            f"{confidence:.0%}.</p>"
         )
-    for dimension, heading in (*_DIMENSIONS, ("status", "How they ended")):
+    ended = (("status", "How they ended"), ("answer", "What each job could claim"))
+    for dimension, heading in (*_DIMENSIONS, *ended):
         mine = [s for s in summary if s["dimension"] == dimension]
         if not mine:
             continue
@@ -154,7 +161,7 @@ def _traces(
 ) -> str:
     sweep = info.kind == "sweep"
     planted = any(r.planted_step is not None for r in traces)
-    heads = [word[:-1], *(["settings"] if sweep else []), "status", "rank-1 cause"]
+    heads = [word[:-1], *(["settings"] if sweep else []), "status", "root", "rank-1 cause"]
     heads += ["value [interval]", *(["planted"] if planted else []), "forks", "cost", "tape"]
     numeric = {"value [interval]", "forks", "cost"}
     head = "".join(
@@ -180,20 +187,46 @@ def _trace_row(r: TraceRow, linked: bool, sweep: bool, planted: bool) -> str:
     value = "—"
     if r.top_value is not None:
         interval = f"{fmt(r.top_value, 2)} [{fmt(r.top_lo, 2)}, {fmt(r.top_hi, 2)}]"
-        value = f"{r.top_measure} {interval}" if r.top_measure else interval
+        measure = _MEASURES.get(r.top_measure or "", r.top_measure)
+        value = f"{measure} {interval}" if measure else interval
     # (HTML, numeric) per column, in the order `_traces` heads them.
     cells = [(name, False)]
     if sweep:
         settings = json.loads(r.settings) if r.settings else {}
         shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
         cells.append((f"<code>{esc(shown or '—')}</code>", False))
-    cells += [(status, False), (esc(_cause(r)), False), (esc(value), True)]
+    cause = esc(_cause(r))
+    if r.verdict:
+        # The trace's verdict line, as `show` and its own report word it.
+        cause += f'<div class="said">{esc(r.verdict)}</div>'
+    cells += [(status, False), (esc(_root(r)), False), (cause, False), (esc(value), True)]
     if planted:
         cells.append((esc(_planted(r)), False))
     cells += [(esc(fmt_count(r.forks)), True), (esc(f"${r.usd:,.4f}"), True)]
     cells.append((f"<code>{esc(r.tape)}</code>", False))
     tds = "".join(f'<td class="num">{c}</td>' if num else f"<td>{c}</td>" for c, num in cells)
     return f'<tr data-status="{esc(r.status)}">{tds}</tr>'
+
+
+# How the page words a rank-1 cause's measure, as a trace's own report does.
+_MEASURES = {"phi": "blame φ", "flip_rate": "flip-rate"}
+
+
+def _root(r: TraceRow) -> str:
+    """The failure's root a trace names: the input at its step and how often replacing it
+    cleared the failure."""
+    if r.root_step is None:
+        return "—"
+    if r.root_intervention == "context":
+        what = "the request"
+    else:
+        what = f"the {r.root_tool} result" if r.root_tool else "the tool result"
+    clears = ""
+    if r.root_value is not None:
+        clears = f": replacing it clears the failure {fmt(r.root_value, 2)}"
+        if r.root_lo is not None and r.root_hi is not None:
+            clears += f" [{fmt(r.root_lo, 2)}, {fmt(r.root_hi, 2)}]"
+    return f"step {r.root_step} ({what}){clears}"
 
 
 def _cause(r: TraceRow) -> str:
@@ -224,5 +257,6 @@ table.blame { max-width: 900px; } table.blame td.bar, table.blame th.bar { width
 .fill { position: absolute; left: 0; top: 0; bottom: 0; background: #9dbbe3; border-radius: 3px; }
 .whisker { position: absolute; top: 6px; height: 2px; background: var(--fg); }
 .reason { color: var(--muted); font-size: .8rem; max-width: 420px; overflow-wrap: anywhere; }
+.said { color: var(--muted); font-size: .8rem; max-width: 560px; overflow-wrap: anywhere; }
 table.traces td { font-size: .85rem; }
 """

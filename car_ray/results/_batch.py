@@ -68,6 +68,16 @@ class TraceRow(BaseModel):
     top_hi: float | None = None
     top_what: str | None = None
     top_alone: bool | None = None  # no other step's interval reaches it
+    # The failure's root, where an arm on what the agent was given shows one
+    # (`results.root_cause`): its step, intervention (observation or context), the tool whose
+    # result it replaced (an observation), and how often replacing it cleared the failure.
+    root_step: Int32 | None = None
+    root_intervention: str | None = None
+    root_tool: str | None = None
+    root_value: float | None = None
+    root_lo: float | None = None
+    root_hi: float | None = None
+    root_what: str | None = None
     # What the trace was planted with, when the manifest says (generated traces).
     planted: str | None = None
     planted_step: Int32 | None = None

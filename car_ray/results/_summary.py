@@ -30,7 +30,21 @@ def _named(field: str, only_kind: str | None = None) -> Callable[[Trace], _Key]:
     return key
 
 
+def _root(trace: Trace) -> _Key:
+    """The failure's root a trace names (`TraceRow.root_*`): the input at its step, a tool's
+    result or a model step's request."""
+    if trace.get("root_step") is None:
+        return None
+    step, tool = int(trace["root_step"]), trace.get("root_tool")
+    if trace.get("root_intervention") == "context":
+        what = "request"
+    else:
+        what = f"{tool} result" if tool else "tool result"
+    return (f"step {step} ({what})", (step, what))
+
+
 _BLAME: tuple[tuple[str, Callable[[Trace], _Key]], ...] = (
+    ("root", _root),
     ("step", _step),
     ("tool", _named("top_tool")),
     ("model", _named("top_model", only_kind="llm")),
@@ -42,8 +56,10 @@ def summarize(
     traces: Sequence[Mapping[str, Any]], confidence: float = 0.95
 ) -> list[dict[str, Any]]:
     """`SummaryRow`s: over the traces with a rank-1 cause (`top_step` set), how many name each
-    step, tool, model (llm causes only) and intervention kind, out of all attributed traces
-    (so a dimension's shares sum to less than 1 where a cause has no such key); then each
+    root (the input whose replacement cleared the failure, where the trace's arms show one),
+    and each step, tool, model (llm causes only) and intervention kind of the rank-1 cause,
+    out of all attributed traces (so a dimension's shares sum to less than 1 where a trace
+    names no root or its cause has no such key); then each
     `status` over all traces, and each `answer` over the traces whose job ran. Wilson
     intervals at `confidence`; rows by dimension (that order), then most traces first."""
     if not 0.0 < confidence < 1.0:
