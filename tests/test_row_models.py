@@ -154,14 +154,23 @@ def test_a_field_with_no_arrow_type_is_refused_by_name() -> None:
 # -- the attribution row --------------------------------------------------------------------------
 
 
+# Attribution columns added after the older table was written: nullable, so it still reads.
+ADDED_ATTRIBUTION = ("replaced",)
+
+
 def test_attribution_rows_written_before_read_and_rewrite_unchanged(tmp_path: Path) -> None:
     old = pq.read_table(OLD / "attribution.parquet")
-    assert old.schema.equals(ATTRIBUTION_SCHEMA), old.schema
+    kept = pa.schema([f for f in ATTRIBUTION_SCHEMA if f.name not in ADDED_ATTRIBUTION])
+    assert old.schema.equals(kept), old.schema
+    assert all(ATTRIBUTION_SCHEMA.field(name).nullable for name in ADDED_ATTRIBUTION)
     rows = read_attribution(DATA, JOB)
     assert rows is not None and rows == old.to_pylist()
+    # Rewritten, the older rows keep every value and read None in the columns added since.
     write_attribution(tmp_path, JOB, rows)
     again = pq.read_table(tmp_path / JOB / "attribution.parquet")
-    assert again.equals(old) and again.schema.equals(old.schema)
+    assert again.schema.equals(ATTRIBUTION_SCHEMA)
+    assert again.select(kept.names).equals(old)
+    assert all(again.column(name).null_count == again.num_rows for name in ADDED_ATTRIBUTION)
 
 
 # -- job.json -------------------------------------------------------------------------------------

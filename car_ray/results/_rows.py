@@ -64,6 +64,9 @@ class AttributionRow(BaseModel):
     rank: Int32 | None = None
     # The level every interval of the row is at (the job's `confidence`).
     confidence: float | None = None
+    # An observation arm's: what its replacement takes out of the recorded result, in words
+    # (`results.replaced_part`); None for other arms, or where nothing recorded differs.
+    replaced: str | None = None
 
 
 class SchemaError(ValueError):

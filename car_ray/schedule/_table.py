@@ -10,7 +10,9 @@ from typing import Any
 
 from .._answer import RAN, Answer
 from .._notes import Note
-from ..tape import LlmEvent
+from ..replay import ReplaceObservation
+from ..results import replaced_part
+from ..tape import LlmEvent, ToolEvent
 from ._context import Arm, JobContext
 from ._interval import Interval, wilson
 from ._results import (
@@ -151,6 +153,10 @@ def attribution_table(ctx: JobContext, results: Results) -> list[dict[str, Any]]
 
 def _record(ctx: JobContext, arm: Arm) -> dict[str, Any]:
     event = ctx.steps[arm.step]
+    iv = arm.intervention
+    replaced = None
+    if isinstance(iv, ReplaceObservation) and isinstance(event, ToolEvent) and iv.error is None:
+        replaced = replaced_part(event.result, iv.result)
     return {
         "step": arm.step,
         "step_kind": event.type,
@@ -166,6 +172,7 @@ def _record(ctx: JobContext, arm: Arm) -> dict[str, Any]:
         "necessity_n": 0,
         "sufficiency_n": 0,
         "rank": None,
+        "replaced": replaced,
     }
 
 
