@@ -129,7 +129,8 @@ class Clearance:
             + (
                 "the top's blame is not yet shown far enough above 0 for any number"
                 if need == math.inf
-                else f"step {step}: {self.screen.clean.get(step, 0)} of {need:g}"
+                else f"step {step}: {self.screen.clean.get(step, 0)} of the {need:g} clean draws "
+                "the top's seeds so far ask for"
             )
             + ")"
         )
