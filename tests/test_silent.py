@@ -6,7 +6,12 @@ with the fix and ends the recording, `attribute` refuses a tape without a model 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
+import socket
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +28,7 @@ from car_ray.sim import SimServer
 from car_ray.tape import load_tape
 
 from . import matrix_agents
-from .conftest import run
+from .conftest import ROOT, run
 
 cli = CliRunner()
 
@@ -173,3 +178,112 @@ def test_an_effect_tool_that_lost_its_run_refuses_to_run(sim: SimServer, tmp_pat
     assert "'send_email' (effect=True) was called outside its run's context" in str(outcome.error)
     assert SENT == []
     assert send_email("b@example.com") == "sent to b@example.com" and SENT == ["b@example.com"]
+
+
+# -- nothing traced off the machine ---------------------------------------------------------------
+
+# A recording, or forks of one, in a fresh process (as `car-ray record` and a Ray worker run
+# them): its agent, and a proxy that every HTTPS request but the simulated provider's meets.
+_TRACED = """
+import sys
+from pathlib import Path
+from car_ray.replay import BaseUrls, ForkSpec, RecordingRefused, Resample, record
+from car_ray.sim import SimServer
+from car_ray.tape import load_tape
+from tests import framework_agents, matrix_agents
+from tests.conftest import http_runner, run
+
+def around(ctx):
+    from agents import Runner
+    # The Agents SDK without car-ray's integration: its default client meets the tripwire.
+    return Runner.run_sync(framework_agents._agents_sdk_agent(), "Weather in Oslo?").final_output
+
+name, path, what = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+agent = {"around": around, "langgraph": framework_agents.langgraph}[name]
+with SimServer(matrix_agents.POLICY) as sim:
+    urls = BaseUrls.for_server(sim.url)
+    if what == "record":
+        try:
+            run(record(agent, "traced:" + name, {}, path, base_urls=urls, seed=1))
+            print("recorded")
+        except RecordingRefused as exc:
+            print("refused:", exc)
+    else:
+        runner = http_runner(agent, matrix_agents.umbrella, sim, load_tape(path))
+        tape_id = load_tape(path).tape_id
+        specs = [ForkSpec(tape_id=tape_id, interventions={0: Resample()}, seed=s)
+                 for s in range(3)]
+        rows = [run(runner.run(spec)) for spec in specs]
+        run(runner.aclose())
+        print("forked", sum(r.outcome is not None for r in rows))
+"""
+
+
+class _Proxy:
+    """An HTTP proxy that answers nothing: the first line of every request it is sent."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                with contextlib.suppress(OSError):
+                    self.lines.append(conn.recv(4096).decode(errors="replace").split("\r\n")[0])
+
+
+@pytest.mark.parametrize(
+    ("agent", "what"), [("around", "record"), ("langgraph", "record"), ("langgraph", "fork")]
+)
+def test_no_framework_traces_a_recording_or_a_fork_off_the_machine(
+    agent: str, what: str, tmp_path: Path
+) -> None:
+    """The Agents SDK exports every run's spans with the user's OPENAI_API_KEY to a fixed URL,
+    even when its model calls meet the tripwire; LangSmith, switched on in the user's
+    environment, sends every run. While car-ray records or forks an agent neither sends
+    anything: the proxy every outside request goes through sees none."""
+    proxy = _Proxy()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "HTTPS_PROXY": proxy.url,
+        "HTTP_PROXY": proxy.url,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "OPENAI_API_KEY": "sk-test-never-sent",
+        "LANGSMITH_TRACING": "true",
+        "LANGCHAIN_TRACING_V2": "true",
+        "LANGSMITH_API_KEY": "lsv2-test-never-sent",
+    }
+    env.pop("OPENAI_AGENTS_DISABLE_TRACING", None)
+
+    def python(step: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", _TRACED, agent, str(tmp_path / "run.tape"), step],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout.strip().splitlines()[-1]  # after the log lines
+
+    said = python("record")
+    if what == "fork":
+        proxy.lines.clear()  # the forks' own process, from its start
+        said = python("fork")
+    # It ran: the plain Agents SDK run met the tripwire, the LangGraph agent recorded and
+    # its forks scored.
+    expected = {"around": "refused:", "langgraph": "recorded" if what == "record" else "forked 3"}
+    assert said.startswith(expected[agent]), said
+    assert proxy.lines == [], proxy.lines

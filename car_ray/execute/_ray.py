@@ -37,6 +37,7 @@ from ..replay import (
     RateLimiter,
     RetryPolicy,
     SpendLimit,
+    quiet_telemetry,
 )
 from ..tape import parse_tape
 from ._health import NoWorkers, WorkerHealth, never_sent
@@ -85,6 +86,7 @@ class ForkWorker:
 
     def __init__(self, config: WorkerConfig) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        quiet_telemetry()  # before the agent's module is imported: nothing traced off the machine
         limited = config.requests_per_minute or config.tokens_per_minute
         limiter = (
             RateLimiter(config.requests_per_minute, config.tokens_per_minute) if limited else None

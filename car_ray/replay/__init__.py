@@ -53,7 +53,7 @@ from ._run import (
     recorded_trajectory,
     step_seed,
 )
-from ._tripwire import Tripwire, tripwire
+from ._tripwire import Tripwire, quiet_telemetry, tripwire
 from ._upstream import (
     AiohttpUpstream,
     HttpxUpstream,
@@ -116,6 +116,7 @@ __all__ = [
     "fresh_seed",
     "is_bad",
     "json_diff",
+    "quiet_telemetry",
     "record",
     "recorded_trajectory",
     "recording_header",

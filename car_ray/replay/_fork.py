@@ -43,7 +43,7 @@ from ._run import (
     recorded_trajectory,
 )
 from ._shared import SharedDraws
-from ._tripwire import tripwire
+from ._tripwire import quiet_telemetry, tripwire
 from ._upstream import AiohttpUpstream, Upstream
 
 log = structlog.get_logger("car_ray.fork")
@@ -375,6 +375,7 @@ class ForkRunner:
         max_threads: int = 256,
         decisions: Decisions = ACTIONS,
     ) -> None:
+        quiet_telemetry()  # forks run the agent: none of them is traced off the machine
         self.scorer = scorer
         # What counts as a step's decision when a fork is compared with its tape.
         self.decisions = decisions

@@ -1,11 +1,16 @@
 """A model call that goes around car-ray, caught: while car-ray records or forks in a process,
 the SDKs' base-URL environment variables point at a local endpoint that answers every
-request with an error naming the fix, and counts what it was asked."""
+request with an error naming the fix, and counts what it was asked. And the tracing agent
+frameworks send to their vendors on their own (the OpenAI Agents SDK's, LangSmith's,
+Logfire's, an OpenTelemetry SDK's exporters) is off wherever car-ray runs an agent
+(`quiet_telemetry`): it would carry the run's data, and some of it the user's API key, off
+the machine from every fork."""
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +24,17 @@ log = structlog.get_logger("car_ray.replay")
 # The variables the openai and anthropic SDKs (and the frameworks built on them) read for a
 # client built without a base URL.
 ENV = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL")
+# What turns each framework's own tracing off, read from the environment when it first
+# traces: set before car-ray runs an agent (`quiet_telemetry`, and while `tripwire()` is on).
+QUIET = {
+    "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    "LANGSMITH_TRACING": "false",
+    "LANGSMITH_TRACING_V2": "false",
+    "LANGCHAIN_TRACING": "false",
+    "LANGCHAIN_TRACING_V2": "false",
+    "LOGFIRE_SEND_TO_LOGFIRE": "false",
+    "OTEL_SDK_DISABLED": "true",
+}
 FIX = (
     "this model call went around car-ray (a client built without ctx), so it would not be "
     "recorded or forked: use ctx.openai() / ctx.async_openai() / ctx.anthropic(), or give "
@@ -86,9 +102,10 @@ class Tripwire:
                 cls._server = server
             if cls._users == 0:
                 url = f"http://127.0.0.1:{cls._server.server_address[1]}"
-                cls._saved = {name: os.environ.get(name) for name in ENV}
+                cls._saved = {name: os.environ.get(name) for name in (*ENV, *QUIET)}
                 os.environ["OPENAI_BASE_URL"] = url + "/v1"
                 os.environ["ANTHROPIC_BASE_URL"] = url
+                quiet_telemetry()
             cls._users += 1
             return cls._server
 
@@ -103,6 +120,20 @@ class Tripwire:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
+
+
+def quiet_telemetry() -> None:
+    """Turn off, in this process, the tracing agent frameworks send to their vendors
+    (`QUIET`): for the OpenAI Agents SDK, whose exporter posts every run's spans with the
+    user's OPENAI_API_KEY to a fixed URL even when its model calls meet the tripwire;
+    LangSmith (it also keeps the variables it read, which are forgotten here); Logfire; and
+    an OpenTelemetry SDK's exporters. A process that records or forks is car-ray's: nothing
+    it runs is traced off the machine."""
+    os.environ.update(QUIET)
+    utils = sys.modules.get("langsmith.utils")
+    forget = getattr(getattr(utils, "get_env_var", None), "cache_clear", None)
+    if callable(forget):
+        forget()
 
 
 class Tripped:
