@@ -680,6 +680,7 @@ class JobRun:
             precise_only=self.run_job is not self.job,  # --more on a complete job
             on_progress=on_progress,
             on_submit=on_submit or (lambda: self.checkpoint()),
+            recorded=self.recorded,
         )
         return self.scheduler
 

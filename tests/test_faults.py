@@ -235,6 +235,62 @@ def test_a_failed_control_is_a_failed_job_with_a_non_zero_exit(tmp_path: Path) -
     assert info["ledger"]["spent"]["forks"] == 1
 
 
+# A scorer that reads what only the job's own process has (here, whether it is a Ray worker;
+# in life, a file or an environment variable on the driver's machine).
+DRIVER_ONLY_SCORER = """
+import ray
+
+from null_control.agent import late_delivery
+
+
+def late_on_the_driver(result, trajectory):
+    worker = ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    return 0.0 if worker else 1.0
+"""
+
+
+def test_a_scorer_the_workers_read_otherwise_stops_the_job_before_any_fork(
+    tmp_path: Path,
+) -> None:
+    """The tape scored bad where the job runs and not bad in the workers: every fork would be
+    scored against the workers' reading, none would flip, and the job would say "no step to
+    blame" with exit 0. It stops at the check instead, saying what the scorer must not do."""
+    folder = tmp_path / "driver_only"
+    folder.mkdir()
+    (folder / "driver_only.py").write_text(DRIVER_ONLY_SCORER)
+    job = (ROOT / "jobs" / "null_control" / "job.toml").read_text()
+    job = job.replace('"null_control.agent:late_delivery"', '"driver_only:late_on_the_driver"')
+    job = job.replace(
+        'tape = "null_control.tape"',
+        f'tape = "{ROOT / "jobs" / "null_control" / "null_control.tape"}"',
+    )
+    (folder / "job.toml").write_text(job)
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'jobs'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "NO_COLOR": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "car_ray.cli", "attribute", str(folder / "job.toml")),
+            *("--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    printed = done.stdout + done.stderr
+    assert done.returncode == 1, printed
+    assert "the workers score the replayed tape 0.0, where this process scored it 1.0" in printed
+    assert "no step to blame" not in printed
+    (job_dir,) = (tmp_path / "out").iterdir()
+    info = json.loads((job_dir / "job.json").read_text())
+    assert info["status"] == "verify_failed" and info["ledger"]["spent"]["forks"] == 0
+
+
 def test_errors_cross_a_process_boundary_whole() -> None:
     # A fork's error travels from a Ray worker or a pool process to the driver by pickle; an
     # exception whose __init__ takes more than its message came back as a TypeError instead.

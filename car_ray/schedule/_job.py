@@ -122,8 +122,12 @@ class Scheduler:
         learn_after: int = LEARN_AFTER,
         on_progress: Callable[[Progress], None] | None = None,
         on_submit: Callable[[], None] | None = None,
+        recorded: float | None = None,
     ) -> None:
         self.job = job
+        # The tape's outcome as the job's own process scored it (None: not scored there): the
+        # workers' replay must score it the same (`begin`).
+        self.recorded = recorded
         self.job_id = job_id
         self.spec = job.spec
         self.tape = tape
@@ -340,6 +344,11 @@ class Scheduler:
         self.progress.stage = "verify"
         self.tick()
         check = self.executor.verify(self.tape.tape_id)
+        scored = check.get("recorded_outcome")
+        if check["ok"] and self.recorded is not None and scored != self.recorded:
+            # Every fork is scored against the workers' reading of the tape: one that differs
+            # from the job's would measure another failure (or none, and blame no step).
+            check = {"ok": False, "divergence": _scored_apart(self.recorded, scored)}
         if not check["ok"]:
             self.status = "verify_failed"
             self.notes.append(
@@ -465,3 +474,15 @@ class Scheduler:
         """An attribution row as attribution.parquet holds it: with its job and the
         confidence level of its intervals, readable alone."""
         return {"job_id": self.job_id, **row, "confidence": self.spec.confidence}
+
+
+def _scored_apart(recorded: float, scored: float | None) -> str:
+    """verify's reason when the workers' replay of the tape scores it otherwise than the job's
+    own process did."""
+    return (
+        f"the workers score the replayed tape {scored}, where this process scored it "
+        f"{recorded}: the scorer reads something the workers do not share (a file, an "
+        "environment variable, the clock, a network service), so every fork would be scored "
+        "against another outcome; make the scorer a function of the run's result and "
+        "trajectory alone"
+    )
