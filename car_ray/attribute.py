@@ -113,6 +113,19 @@ def _interrupted_text(rows: int) -> str:
     return f"interrupted: {rows} rows saved; rerun the same command to resume"
 
 
+def _interrupted_note(note: Note) -> Note:
+    """A Shapley note of an interrupted job that says the budget ended before its top
+    separated: the interrupt ended it, and the same command goes on (its projection of the
+    forks a separation needs, made for a budget that ended, is left out)."""
+    ended = "the budget ended before the top separated"
+    if note.kind != "shapley" or ended not in note.text:
+        return note
+    head = note.text.split(ended, 1)[0]
+    text = f"{head}the job was interrupted before the top separated; rerun the same command"
+    figures = {k: v for k, v in note.figures.items() if k == "seeds"}
+    return note.model_copy(update={"text": text, "figures": figures})
+
+
 def check_tape(job: Job, tape: Tape) -> float:
     """Before anything starts: the tape was recorded by the job's agent, and its recorded
     outcome is bad (there is something to explain), and it has a model step (what car-ray
@@ -704,6 +717,8 @@ class JobRun:
         if interrupted:
             outcome.status = "interrupted"
             text = _interrupted_text(len(self.existing) + outcome.progress.done)
+            # The scheduler ended as if its budget had: its Shapley note says why it did not.
+            outcome.notes[:] = [_interrupted_note(n) for n in outcome.notes]
             outcome.notes.append(Note(kind="interrupted", severity="warning", text=text))
         elif outcome.status == "budget_exhausted" and not measured(outcome.attribution):
             budget = self.budget

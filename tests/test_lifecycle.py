@@ -270,6 +270,7 @@ def test_ctrl_c_stops_cleanly_and_a_resume_shows_real_spend(
     assert isinstance(stage["state"], dict), stage
     rows = _rows(folder)
     assert f"interrupted: {len(rows)} rows saved" in stdout + stderr
+    assert "budget ended" not in stdout + stderr  # the interrupt ended it, and says so
     # The forks in flight settled: nothing is left reserved, spend is the rows' cost.
     assert info["ledger"]["reserved"]["usd"] == 0 and not info["ledger"]["open"]
     assert info["ledger"]["spent"]["usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
@@ -286,6 +287,36 @@ def test_ctrl_c_stops_cleanly_and_a_resume_shows_real_spend(
     assert final["ledger"]["carried"]["usd"] == pytest.approx(0.05)
     all_rows = _rows(folder)
     assert final["ledger"]["spent"]["usd"] == pytest.approx(sum(r["cost_usd"] for r in all_rows))
+
+
+def test_an_interrupted_job_says_the_interrupt_not_the_budget_ended_its_shapley() -> None:
+    """The scheduler of an interrupted job ends as if its budget had; its Shapley note then
+    says the interrupt stopped it and that the same command goes on, with no projection of
+    a larger budget (what a budget that ended would need)."""
+    from car_ray._notes import Note
+    from car_ray.attribute import JobRun
+    from car_ray.schedule import JobOutcome, Progress
+
+    ended = Note(
+        kind="shapley",
+        text="shapley: 8 seeds; the budget ended before the top separated: step 2 came out "
+        "ahead of step 6 in 5 seed(s) and behind in 1: ... the same command with "
+        "--max-forks 105 (16 more, for the chance they do not) goes on from here",
+        figures={"seeds": 8, "projected_forks": 11, "suggested_more": 16},
+    )
+    screen = Note(kind="screen", text="screen: 8 forks; steps that make choices: [2, 6]")
+    outcome = JobOutcome("j", "budget_exhausted", [], [screen, ended], Progress())
+    run = object.__new__(JobRun)
+    run.existing = []  # no rows from earlier runs
+    run.settle(outcome, interrupted=True)
+    assert outcome.status == "interrupted"
+    assert [n.text for n in outcome.notes[:2]] == [
+        screen.text,
+        "shapley: 8 seeds; the job was interrupted before the top separated; rerun the same "
+        "command",
+    ]
+    assert outcome.notes[1].figures == {"seeds": 8}
+    assert outcome.notes[2].kind == "interrupted"
 
 
 def test_a_job_imports_its_own_module_not_one_of_the_same_name(tmp_path: Path) -> None:
