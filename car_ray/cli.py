@@ -362,6 +362,9 @@ def record_cmd(
         _plain(f"seed {tape.header.seed}: score {score:.2f}, not bad; recording again")
     if show:
         console.print(_steps_table(tape))
+    hint = _unrecorded_hint(tape)
+    if hint:
+        console.print(f"[yellow]warning: {escape(hint)}[/]", soft_wrap=True)
     status = f"agent raised {escape(repr(outcome.error))}" if outcome.error else "agent returned"
     verdict = "bad" if is_bad(score) else "not bad"
     console.print(
@@ -372,10 +375,45 @@ def record_cmd(
     if until_bad and not is_bad(score):
         raise _fail(
             f"no bad run in {tries} tries (the scorer gave every run < 0.5): raise --tries, or "
-            "check the scorer returns 1 for the outcome you want to explain",
+            "check the scorer returns 1 for the outcome you want to explain"
+            + (f"; and {hint}" if hint else ""),
             code=1,
         )
     return tape
+
+
+def unrecorded_calls(tape: Tape) -> list[tuple[int, str]]:
+    """The tool calls of model steps after which the tape holds no tool step before the next
+    model call (or its end), as (step, tool): tools the agent ran outside car-ray, or did not
+    run. Only a model step none of whose calls was recorded counts (a recorded tool may go by
+    another name than the model called it)."""
+    steps = tape.steps
+    found: list[tuple[int, str]] = []
+    for i, event in enumerate(steps):
+        if not isinstance(event, LlmEvent):
+            continue
+        calls = (event.action or {}).get("tool_calls") or []
+        later = steps[i + 1 :]
+        nxt = next((j for j, e in enumerate(later) if isinstance(e, LlmEvent)), len(later))
+        if calls and not any(isinstance(e, ToolEvent) for e in later[:nxt]):
+            found += [(event.step, str(c.get("name"))) for c in calls]
+    return found
+
+
+def _unrecorded_hint(tape: Tape) -> str:
+    """What `record` says of `unrecorded_calls`: which tools, and the fix ('' with none)."""
+    calls = unrecorded_calls(tape)
+    if not calls:
+        return ""
+    tools = sorted({name for _, name in calls})
+    steps = sorted({step for step, _ in calls})
+    return (
+        f"the model called {', '.join(tools)} (step(s) {', '.join(map(str, steps))}) and no "
+        "tool step was recorded before its next call: a tool car-ray does not record is not "
+        "replayed, runs live in every fork and cannot be replaced; define it with "
+        "@car_ray.tool (@car_ray.tool(effect=True) if it changes the world; the Agents SDK "
+        "and MCP integrations record their tools themselves)"
+    )
 
 
 def _recorded_score(job: Job, tape: Tape) -> float:

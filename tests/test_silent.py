@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 import car_ray
 from car_ray.attribute import check_tape
-from car_ray.cli import app
+from car_ray.cli import app, unrecorded_calls
 from car_ray.job import load_job
 from car_ray.replay import BaseUrls, RecordingRefused, Tripwire, record
 from car_ray.sim import SimServer
@@ -59,6 +60,34 @@ def tools_only(ctx: car_ray.AgentContext) -> dict[str, Any]:
 def always_raises(ctx: car_ray.AgentContext) -> str:
     ctx.tool("get_weather", matrix_agents.get_weather, city="Oslo")
     raise RuntimeError("the agent broke at its second step")
+
+
+def _weather(ctx: car_ray.AgentContext, recorded: bool) -> dict[str, Any]:
+    """The weather agent, its tool run through ctx.tool (a tool step) or as a plain function."""
+    client = ctx.openai()
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": matrix_agents.SYSTEM},
+        {"role": "user", "content": "Weather in Oslo?"},
+    ]
+    _, calls = matrix_agents._openai_turn(client, messages, False)
+    call = calls[0]
+    arguments = json.loads(call.function.arguments)
+    if recorded:
+        weather = ctx.tool(call.function.name, matrix_agents.get_weather, **arguments)
+    else:
+        weather = matrix_agents.get_weather(**arguments)
+    messages.append({"role": "assistant", "tool_calls": [call.model_dump()]})
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(weather)})
+    answer, _ = matrix_agents._openai_turn(client, messages, False)
+    return {"answer": answer}
+
+
+def tool_outside_car_ray(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    return _weather(ctx, recorded=False)
+
+
+def tool_inside_car_ray(ctx: car_ray.AgentContext) -> dict[str, Any]:
+    return _weather(ctx, recorded=True)
 
 
 @pytest.fixture(scope="module")
@@ -117,11 +146,35 @@ def test_a_client_built_without_ctx_fails_with_the_fix_and_ends_the_recording(
     assert Tripwire._users == 0
 
 
+def test_record_names_a_tool_the_model_called_that_car_ray_did_not_record(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """A tool run as a plain function (a framework's own tool decorator, without
+    @car_ray.tool) leaves no tool step: it would run live in every fork and could not be
+    replaced. `record` names it and the fix; a tool recorded with ctx.tool is not named."""
+    tape, _ = _record(sim, tool_outside_car_ray, tmp_path / "plain.tape")
+    assert [s.type for s in tape.steps] == ["llm", "llm"]
+    assert unrecorded_calls(tape) == [(0, "get_weather")]
+    recorded, _ = _record(sim, tool_inside_car_ray, tmp_path / "recorded.tape")
+    assert [s.type for s in recorded.steps] == ["llm", "tool", "llm"]
+    assert unrecorded_calls(recorded) == []
+    job = _job(tmp_path, "tool_outside_car_ray")
+    done = cli.invoke(app, ["record", str(job)], env={"COLUMNS": "400"})
+    assert done.exit_code == 0, done.output
+    said = " ".join(done.output.split())
+    assert (
+        "warning: the model called get_weather (step(s) 0) and no tool step was recorded "
+        "before its next call" in said
+    ), said
+    assert "define it with @car_ray.tool" in said
+
+
 def _job(tmp_path: Path, agent: str, **extra: str) -> Path:
     folder = tmp_path / "silent_job"
     folder.mkdir(exist_ok=True)
     (folder / "agent.py").write_text(
         "from tests.test_silent import always_raises, tools_only  # noqa: F401\n"
+        "from tests.test_silent import tool_outside_car_ray  # noqa: F401\n"
         "from tests.matrix_agents import umbrella  # noqa: F401\n"
     )
     lines = [
