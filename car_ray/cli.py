@@ -344,7 +344,7 @@ def record_cmd(
             # Later attempts replace the tape this command wrote, never one it found.
             tape, outcome = run_loop(go(run_seed, force or attempt > 0))
         except FileExistsError as exc:
-            raise _fail(f"{exc} (pass --force to replace it)") from None
+            raise _fail(str(exc)) from None
         except RecordingRefused as exc:
             raise _fail(str(exc)) from None
         score = _recorded_score(job, tape)

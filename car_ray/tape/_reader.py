@@ -162,7 +162,9 @@ def parse_tape(raw: bytes, path: Path) -> Tape:
                 path,
                 number,
                 f"hash chain broken: 'prev' does not match the digest of line {number - 1} "
-                f"(line {number - 1} or {number} was edited, or lines were reordered or removed)",
+                f"(line {number - 1} or {number} was edited, or lines were reordered or "
+                "removed): a tape is data car-ray checks, not a file to edit; record it again "
+                "(car-ray record), or restore it from where it was kept",
             )
         if value.get("type") == "seal":
             try:
@@ -172,7 +174,12 @@ def parse_tape(raw: bytes, path: Path) -> Tape:
             if seal.digest != sha256_hex(
                 line_bytes({k: v for k, v in value.items() if k != "digest"})
             ):
-                raise TapeError(path, number, "the seal's digest does not match its contents")
+                raise TapeError(
+                    path,
+                    number,
+                    "the seal's digest does not match its contents (the seal was edited): "
+                    "record the tape again (car-ray record), or restore it from where it was kept",
+                )
             if seal.events != len(events) or seal.steps != steps:
                 raise TapeError(path, number, "the seal's event count does not match the tape")
             continue

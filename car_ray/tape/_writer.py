@@ -31,7 +31,7 @@ class TapeWriter:
         except FileExistsError:
             raise FileExistsError(
                 f"{self.path} already exists: a tape is never overwritten by accident; "
-                "choose another path or pass overwrite (--force)"
+                "choose another path, or replace it (record's --force; overwrite=True)"
             ) from None
         self._lock = threading.Lock()
         self._chain = ""
