@@ -405,6 +405,8 @@ class SavedOutcome(JobOutcome):
     """A job's outcome read back from its files (nothing ran): `info` is its job.json."""
 
     info: JobInfo = field(kw_only=True)
+    # A job that did not finish: what its ledger had reserved for forks that left no row.
+    carried: Cost = field(kw_only=True, default_factory=Cost)
 
 
 def load_saved(folder: str) -> SavedOutcome:
@@ -416,6 +418,14 @@ def load_saved(folder: str) -> SavedOutcome:
         raise ValueError(f"{shown(folder)}: no job.json here (not a car-ray job's output folder)")
     attribution = read_attribution(out, job_id) or []
     spent = _cost(info.ledger.spent if info.ledger else None)
+    carried = Cost()
+    if info.status == "running":
+        # Not finished (it runs, or was killed): its rows on disk may be ahead of the ledger
+        # job.json last wrote, and forks then in flight may have been spent. As a resume
+        # reads them (`JobRun`).
+        existing = ForkSink.existing(out, job_id).to_pylist()
+        spent = _already(spent, existing)
+        carried = _carried(info.ledger, existing)
     progress = Progress(
         stage="aggregate",
         resumed=spent.forks,
@@ -424,7 +434,24 @@ def load_saved(folder: str) -> SavedOutcome:
         spent=spent,
     )
     return SavedOutcome(
-        job_id, info.status, attribution, list(info.notes), progress, info.answer, info=info
+        job_id,
+        info.status,
+        attribution,
+        list(info.notes),
+        progress,
+        info.answer,
+        info=info,
+        carried=carried,
+    )
+
+
+def _already(spent: Cost, existing: list[dict[str, Any]]) -> Cost:
+    """What a job spent before this run: the rows on disk are the truth for the forks that
+    finished, the ledger adds attempts it counted that left no row."""
+    return Cost(
+        max(len(existing), spent.forks),
+        max(sum(r["cost_usd"] for r in existing), spent.usd),
+        max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), spent.tokens),
     )
 
 
@@ -599,11 +626,7 @@ class JobRun:
         spent = _cost(ledger.spent if ledger else None)
         # Rows are the truth for forks that finished; the ledger adds lost attempts.
         existing = self.existing
-        self.already = Cost(
-            max(len(existing), spent.forks),
-            max(sum(r["cost_usd"] for r in existing), spent.usd),
-            max(sum(r["tokens_in"] + r["tokens_out"] for r in existing), spent.tokens),
-        )
+        self.already = _already(spent, existing)
         self.carried = _carried(ledger, existing)
         self.run_job = job
         previous = self.previous

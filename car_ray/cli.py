@@ -797,10 +797,18 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
         # A pipe or log gets each note on one line: a path in it is never broken.
         console.print(f"[{style}]{escape(note.text)}[/]", soft_wrap=not console.is_terminal)
     p = outcome.progress
+    unfinished = outcome.status == "running"  # a saved job that never wrote its table
     if isinstance(outcome, SavedOutcome):
+        held = outcome.carried
         console.print(
             f"saved results: spent {p.spent.forks} forks, ${p.spent.usd:.4f}, "
             f"{p.spent.tokens} tokens in all"
+            + (
+                f", and ${held.usd:.4f} ({held.forks} forks) reserved by forks in flight "
+                "when it stopped, which may have been spent"
+                if held.forks
+                else ""
+            )
         )
     else:
         console.print(
@@ -810,12 +818,13 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
         )
     from .results import shown
 
-    console.print(
-        f"results: {shown(folder)}/forks/*.parquet, attribution.parquet, job.json, report.html",
-        markup=False,
-    )
+    files = "job.json" if unfinished else "attribution.parquet, job.json, report.html"
+    console.print(f"results: {shown(folder)}/forks/*.parquet, {files}", markup=False)
     # The last line, whole: a log or a pipe greps it.
-    line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
+    if unfinished:
+        line = "verdict: none yet: the job has not finished (run it again on the same output)"
+    else:
+        line = verdict(outcome.attribution, tape, outcome.status, outcome.notes, outcome.answer)
     console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 

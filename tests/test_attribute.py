@@ -191,6 +191,16 @@ def test_a_killed_driver_resumes_without_losing_or_repeating_a_row(
     assert partial.returncode == 1
     assert f"PARTIAL: {folder} holds no finished run" in partial.stdout
     assert f"{len(before)} fork rows are saved" in partial.stdout
+    # Its spend is at least its rows' (the ledger job.json last wrote may lag them), it names
+    # only the files there are, and it claims no verdict.
+    said = " ".join(partial.stdout.split())
+    ledger_usd = job_json["ledger"]["spent"]["usd"] if "ledger" in job_json else 0.0
+    cost = max(sum(r["cost_usd"] for r in before), ledger_usd)
+    assert f"saved results: spent {max(len(before), spent_before)} forks, ${cost:.4f}" in said
+    assert f"results: {folder}/forks/*.parquet, job.json\n" in partial.stdout
+    assert partial.stdout.rstrip().endswith(
+        "verdict: none yet: the job has not finished (run it again on the same output)"
+    )
 
     second = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
