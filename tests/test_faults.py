@@ -196,6 +196,27 @@ async def flaky_agent(ctx):
 '''
 
 
+def _attribute_alone(job_file: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`car-ray attribute` in its own process, as a user runs it, its output under tmp_path."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{ROOT / 'jobs'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "NO_COLOR": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    return subprocess.run(
+        [
+            *(sys.executable, "-m", "car_ray.cli", "attribute", str(job_file)),
+            *("--out", str(tmp_path / "out")),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        cwd=tmp_path,
+    )
+
+
 def test_a_failed_control_is_a_failed_job_with_a_non_zero_exit(tmp_path: Path) -> None:
     folder = tmp_path / "flaky"
     folder.mkdir()
@@ -207,23 +228,7 @@ def test_a_failed_control_is_a_failed_job_with_a_non_zero_exit(tmp_path: Path) -
     # One worker: the replay check and the control run in the same process, in that order.
     job += "\n[provider]\nworkers = 1\n"
     (folder / "job.toml").write_text(job)
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'jobs'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "NO_COLOR": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "car_ray.cli", "attribute", str(folder / "job.toml")),
-            *("--out", str(tmp_path / "out")),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-        cwd=tmp_path,
-    )
+    done = _attribute_alone(folder / "job.toml", tmp_path)
     printed = done.stdout + done.stderr
     assert done.returncode == 1, printed
     assert "NEGATIVE CONTROL FAILED" in printed
@@ -265,23 +270,7 @@ def test_a_scorer_the_workers_read_otherwise_stops_the_job_before_any_fork(
         f'tape = "{ROOT / "jobs" / "null_control" / "null_control.tape"}"',
     )
     (folder / "job.toml").write_text(job)
-    env = {
-        **os.environ,
-        "PYTHONPATH": f"{ROOT / 'jobs'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-        "NO_COLOR": "1",
-        "RAY_USAGE_STATS_ENABLED": "0",
-    }
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "car_ray.cli", "attribute", str(folder / "job.toml")),
-            *("--out", str(tmp_path / "out")),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
-        cwd=tmp_path,
-    )
+    done = _attribute_alone(folder / "job.toml", tmp_path)
     printed = done.stdout + done.stderr
     assert done.returncode == 1, printed
     assert "the workers score the replayed tape 0.0, where this process scored it 1.0" in printed
