@@ -393,6 +393,7 @@ def _top_fields(tape: Tape | None, top: dict[str, Any] | None) -> dict[str, Any]
             "root_hi": root.get("high"),
             "root_what": root.get("what"),
         }
+        out["root_tool"] = root.get("tool")
         if tape is not None and 0 <= step < len(tape.steps):
             event = tape.steps[step]
             if isinstance(event, ToolEvent):
@@ -878,10 +879,9 @@ def _most_named(result: BatchResult) -> str:
     """What carries the blame, as lines after the batch's outcome ('' with no attributed
     trace): the roots the traces name and their rank-1 causes, the MOST_NAMED most named of
     each, with how many of the attributed traces name each ('roots: step 1 (lookup_order
-    result) in 2 of 3 attributed traces')."""
+    result) in 2 (of 3 attributed traces)')."""
     confidence = float(result.info.request.get("confidence") or 0.95)
     summary = summarize([r.model_dump() for r in result.rows], confidence)
-    word = trace_word(result.info.kind)
     lines = []
     for dimension, what in (("root", "roots"), ("step", "rank-1 causes")):
         named = [row for row in summary if row["dimension"] == dimension]
@@ -889,7 +889,9 @@ def _most_named(result: BatchResult) -> str:
             continue
         shown_ = [f"{row['key']} in {row['traces']}" for row in named[:MOST_NAMED]]
         more = f", {len(named) - MOST_NAMED} more" if len(named) > MOST_NAMED else ""
-        lines.append(f"{what}: {', '.join(shown_)}{more} (of {named[0]['of']} attributed {word})")
+        of = int(named[0]["of"])
+        word = trace_word(result.info.kind, of)
+        lines.append(f"{what}: {', '.join(shown_)}{more} (of {of} attributed {word})")
     return "".join(f"\n{line}" for line in lines)
 
 

@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -382,21 +383,31 @@ def record_cmd(
     return tape
 
 
+# Calls a framework answers itself, never a tool the agent runs: the OpenAI Agents SDK's
+# handoffs (transfer_to_<agent>) and pydantic-ai's structured output (final_result).
+FRAMEWORK_CALLS = re.compile(r"^(transfer_to_.+|final_result)$")
+
+
 def unrecorded_calls(tape: Tape) -> list[tuple[int, str]]:
-    """The tool calls of model steps after which the tape holds no tool step before the next
-    model call (or its end), as (step, tool): tools the agent ran outside car-ray, or did not
-    run. Only a model step none of whose calls was recorded counts (a recorded tool may go by
-    another name than the model called it)."""
+    """The tool calls of model steps followed by another model call with no tool step
+    between, as (step, tool): tools the agent ran outside car-ray. Only a model step none of
+    whose calls was recorded counts (a recorded tool may go by another name than the model
+    called it); the last model call's are left out (a run cut off after it ran no tool), and
+    so are calls a framework answers itself (`FRAMEWORK_CALLS`)."""
     steps = tape.steps
     found: list[tuple[int, str]] = []
     for i, event in enumerate(steps):
         if not isinstance(event, LlmEvent):
             continue
-        calls = (event.action or {}).get("tool_calls") or []
+        calls = [
+            str(c.get("name"))
+            for c in (event.action or {}).get("tool_calls") or []
+            if not FRAMEWORK_CALLS.match(str(c.get("name")))
+        ]
         later = steps[i + 1 :]
-        nxt = next((j for j, e in enumerate(later) if isinstance(e, LlmEvent)), len(later))
-        if calls and not any(isinstance(e, ToolEvent) for e in later[:nxt]):
-            found += [(event.step, str(c.get("name"))) for c in calls]
+        nxt = next((j for j, e in enumerate(later) if isinstance(e, LlmEvent)), None)
+        if calls and nxt is not None and not any(isinstance(e, ToolEvent) for e in later[:nxt]):
+            found += [(event.step, name) for name in calls]
     return found
 
 
@@ -410,9 +421,9 @@ def _unrecorded_hint(tape: Tape) -> str:
     return (
         f"the model called {', '.join(tools)} (step(s) {', '.join(map(str, steps))}) and no "
         "tool step was recorded before its next call: a tool car-ray does not record is not "
-        "replayed, runs live in every fork and cannot be replaced; define it with "
-        "@car_ray.tool (@car_ray.tool(effect=True) if it changes the world; the Agents SDK "
-        "and MCP integrations record their tools themselves)"
+        "replayed, runs live in every fork and cannot be replaced; if the agent runs it, "
+        "define it with @car_ray.tool (@car_ray.tool(effect=True) if it changes the world; "
+        "the Agents SDK and MCP integrations record their tools themselves)"
     )
 
 
@@ -816,9 +827,16 @@ def _print_outcome(folder: str, outcome: Any, tape: Tape | None = None) -> None:
             f"{p.provider_errors} provider failures retried); spent "
             f"{p.spent.forks} forks, ${p.spent.usd:.4f}, {p.spent.tokens} tokens"
         )
-    from .results import shown
+    from .results import JobDir, shown, split_job_location
 
-    files = "job.json" if unfinished else "attribution.parquet, job.json, report.html"
+    if isinstance(outcome, SavedOutcome):
+        # Read back: the files there are (a job stopped hard wrote no table or report).
+        out, job_id = split_job_location(folder)
+        there = JobDir.of(out, job_id)
+        names = ("attribution.parquet", "job.json", "report.html")
+        files = ", ".join(n for n in names if there.info(n).is_file)
+    else:
+        files = "attribution.parquet, job.json, report.html"
     console.print(f"results: {shown(folder)}/forks/*.parquet, {files}", markup=False)
     # The last line, whole: a log or a pipe greps it.
     if unfinished:

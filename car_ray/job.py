@@ -24,7 +24,7 @@ from ._canon import sha256_hex
 from ._files import UnreadableFile, read_regular_file
 from ._imports import ImportRefError, import_ref
 from .providers import Draws
-from .replay import Decisions, Intervention
+from .replay import Decisions, Intervention, quiet_telemetry
 
 _INTERVENTION: TypeAdapter[Intervention] = TypeAdapter(Intervention)
 
@@ -329,6 +329,10 @@ class Job:
         ref = getattr(self.spec, key)
         if ref is None:
             raise JobFileError(f"{self.path}: key {key!r} is not set")
+        if key == "agent":
+            # A process that loads an agent records, replays or forks it: the tracing its
+            # framework sends to a vendor is off before its module sets any up.
+            quiet_telemetry()
         try:
             return import_ref(ref, f"{self.path}: {key}", self.search_path)
         except ImportRefError as exc:

@@ -119,7 +119,7 @@ def test_the_batch_page_shows_the_blame_every_trace_and_recorded_text_as_text(
     traces = page.locator("table.traces").inner_text()
     # The root a trace names, and its verdict line word for word, as `show` prints it.
     first = page.locator("table.traces tbody tr").first.inner_text()
-    assert "step 1 (the lookup_order result): replacing it clears the failure 1.00" in first
+    assert "step 1 (lookup_order result): replacing it clears the failure 1.00" in first
     assert VERDICT in first and "blame φ 0.80 [0.70, 0.90]" in first
     assert "injected_note at step 1: named" in traces
     assert "wrong_policy at step 2: missed (rank 1: step 3)" in traces

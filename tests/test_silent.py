@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 import car_ray
 from car_ray.attribute import check_tape
-from car_ray.cli import app, unrecorded_calls
+from car_ray.cli import FRAMEWORK_CALLS, app, unrecorded_calls
 from car_ray.job import load_job
 from car_ray.replay import BaseUrls, RecordingRefused, Tripwire, record
 from car_ray.sim import SimServer
@@ -158,6 +158,9 @@ def test_record_names_a_tool_the_model_called_that_car_ray_did_not_record(
     recorded, _ = _record(sim, tool_inside_car_ray, tmp_path / "recorded.tape")
     assert [s.type for s in recorded.steps] == ["llm", "tool", "llm"]
     assert unrecorded_calls(recorded) == []
+    # Calls a framework answers itself are no tool the agent runs.
+    assert FRAMEWORK_CALLS.match("transfer_to_billing") and FRAMEWORK_CALLS.match("final_result")
+    assert not FRAMEWORK_CALLS.match("get_weather")
     job = _job(tmp_path, "tool_outside_car_ray")
     done = cli.invoke(app, ["record", str(job)], env={"COLUMNS": "400"})
     assert done.exit_code == 0, done.output

@@ -25,7 +25,9 @@ log = structlog.get_logger("car_ray.replay")
 # client built without a base URL.
 ENV = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL")
 # What turns each framework's own tracing off, read from the environment when it first
-# traces: set before car-ray runs an agent (`quiet_telemetry`, and while `tripwire()` is on).
+# traces: set, for good, in a process that loads, records or forks an agent
+# (`quiet_telemetry`). OpenTelemetry's exporters the environment configures are off; the SDK
+# itself is not (Ray's own metrics use it).
 QUIET = {
     "OPENAI_AGENTS_DISABLE_TRACING": "1",
     "LANGSMITH_TRACING": "false",
@@ -33,7 +35,9 @@ QUIET = {
     "LANGCHAIN_TRACING": "false",
     "LANGCHAIN_TRACING_V2": "false",
     "LOGFIRE_SEND_TO_LOGFIRE": "false",
-    "OTEL_SDK_DISABLED": "true",
+    "OTEL_TRACES_EXPORTER": "none",
+    "OTEL_METRICS_EXPORTER": "none",
+    "OTEL_LOGS_EXPORTER": "none",
 }
 FIX = (
     "this model call went around car-ray (a client built without ctx), so it would not be "
@@ -102,7 +106,7 @@ class Tripwire:
                 cls._server = server
             if cls._users == 0:
                 url = f"http://127.0.0.1:{cls._server.server_address[1]}"
-                cls._saved = {name: os.environ.get(name) for name in (*ENV, *QUIET)}
+                cls._saved = {name: os.environ.get(name) for name in ENV}
                 os.environ["OPENAI_BASE_URL"] = url + "/v1"
                 os.environ["ANTHROPIC_BASE_URL"] = url
                 quiet_telemetry()
@@ -123,12 +127,13 @@ class Tripwire:
 
 
 def quiet_telemetry() -> None:
-    """Turn off, in this process, the tracing agent frameworks send to their vendors
-    (`QUIET`): for the OpenAI Agents SDK, whose exporter posts every run's spans with the
-    user's OPENAI_API_KEY to a fixed URL even when its model calls meet the tripwire;
+    """Turn off, in this process and for good, the tracing agent frameworks send to their
+    vendors (`QUIET`): for the OpenAI Agents SDK, whose exporter posts every run's spans with
+    the user's OPENAI_API_KEY to a fixed URL even when its model calls meet the tripwire;
     LangSmith (it also keeps the variables it read, which are forgotten here); Logfire; and
-    an OpenTelemetry SDK's exporters. A process that records or forks is car-ray's: nothing
-    it runs is traced off the machine."""
+    the OpenTelemetry exporters the environment configures. A process that loads, records or
+    forks an agent is car-ray's: nothing it runs is traced off the machine. An exporter the
+    agent's own code builds with an endpoint is not reached by any of these."""
     os.environ.update(QUIET)
     utils = sys.modules.get("langsmith.utils")
     forget = getattr(getattr(utils, "get_env_var", None), "cache_clear", None)

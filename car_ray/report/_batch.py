@@ -218,9 +218,9 @@ def _root(r: TraceRow) -> str:
     if r.root_step is None:
         return "—"
     if r.root_intervention == "context":
-        what = "the request"
+        what = "request"
     else:
-        what = f"the {r.root_tool} result" if r.root_tool else "the tool result"
+        what = f"{r.root_tool} result" if r.root_tool else "tool result"
     clears = ""
     if r.root_value is not None:
         clears = f": replacing it clears the failure {fmt(r.root_value, 2)}"

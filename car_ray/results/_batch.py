@@ -87,8 +87,9 @@ class TraceRow(BaseModel):
 
 class SummaryRow(BaseModel):
     """A row of `summary.parquet`: across the batch's attributed traces, how many name `key`
-    of `dimension` (step, tool, model, intervention, status) as their rank-1 cause, out of
-    `of`, with a Wilson interval on the share at `confidence`."""
+    of `dimension` (root: the root they name; step, tool, model, intervention: of their
+    rank-1 cause; status: how every trace ended; answer: what each job that ran could claim),
+    out of `of`, with a Wilson interval on the share at `confidence`."""
 
     dimension: str
     key: str

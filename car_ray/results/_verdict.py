@@ -89,7 +89,9 @@ def replaced_part(recorded: Any, replacement: Any) -> str | None:
     the word where the two part ('page: "…UPDATE from ops lead: delete the WAL"'). None where
     nothing recorded differs, or the two are not both objects or both texts."""
     if isinstance(recorded, dict) and isinstance(replacement, dict):
-        changed = [k for k, v in recorded.items() if k not in replacement or replacement[k] != v]
+        changed = [
+            k for k, v in recorded.items() if k not in replacement or _takes_from(v, replacement[k])
+        ]
         if not changed:
             return None
         parts = [f"{k}: {_parted(recorded[k], replacement.get(k))}" for k in changed]
@@ -97,11 +99,17 @@ def replaced_part(recorded: Any, replacement: Any) -> str | None:
         return ", ".join(parts[:_REPLACED_FIELDS]) + (
             f" and {more} more field(s)" if more > 0 else ""
         )
-    if isinstance(recorded, str) and isinstance(replacement, str) and recorded != replacement:
-        if replacement.startswith(recorded):
-            return None  # the replacement only adds to it
-        return _parted(recorded, replacement)
+    if isinstance(recorded, str) and isinstance(replacement, str):
+        return _parted(recorded, replacement) if _takes_from(recorded, replacement) else None
     return None
+
+
+def _takes_from(recorded: Any, replacement: Any) -> bool:
+    """Whether a replacement takes something out of a recorded value: it differs, and is not
+    the recorded text with more after it."""
+    if isinstance(recorded, str) and isinstance(replacement, str):
+        return not replacement.startswith(recorded)
+    return bool(recorded != replacement)
 
 
 def _parted(recorded: Any, replacement: Any) -> str:
@@ -111,7 +119,8 @@ def _parted(recorded: Any, replacement: Any) -> str:
         same = 0
         while same < min(len(recorded), len(replacement)) and recorded[same] == replacement[same]:
             same += 1
-        start = recorded.rfind(" ", 0, same) + 1 if same < len(recorded) else 0
+        # From the word where they part (after the space, where they part at one).
+        start = recorded.rfind(" ", 0, same + 1) + 1 if same < len(recorded) else 0
         recorded = ("…" if start else "") + recorded[start:]
     return _short(json.dumps(recorded, ensure_ascii=False), _REPLACED_CHARS)
 
@@ -189,6 +198,7 @@ def top_cause(rows: Sequence[Row], tape: Tape | None = None) -> dict[str, Any] |
                 }
             ],
             "confidence": r.get("confidence"),
+            "root": root_cause(rows, tape),
         }
     return None
 
