@@ -114,16 +114,18 @@ def _interrupted_text(rows: int) -> str:
 
 
 def _interrupted_note(note: Note) -> Note:
-    """A Shapley note of an interrupted job that says the budget ended before its top
-    separated: the interrupt ended it, and the same command goes on (its projection of the
-    forks a separation needs, made for a budget that ended, is left out)."""
-    ended = "the budget ended before the top separated"
-    if note.kind != "shapley" or ended not in note.text:
+    """The Shapley note of an interrupted job whose top did not separate (`held_notes` marks
+    it `unseparated`, as if its budget had ended): the interrupt ended it, and the same
+    command goes on (its projection of the forks a separation needs, made for a budget that
+    ended, is left out)."""
+    if note.kind != "shapley" or not note.figures.get("unseparated"):
         return note
-    head = note.text.split(ended, 1)[0]
-    text = f"{head}the job was interrupted before the top separated; rerun the same command"
-    figures = {k: v for k, v in note.figures.items() if k == "seeds"}
-    return note.model_copy(update={"text": text, "figures": figures})
+    seeds = note.figures.get("seeds", 0)
+    text = (
+        f"shapley: {seeds} seeds; the job was interrupted before the top separated; rerun the "
+        "same command"
+    )
+    return note.model_copy(update={"text": text, "figures": {"seeds": seeds, "unseparated": True}})
 
 
 def check_tape(job: Job, tape: Tape) -> float:

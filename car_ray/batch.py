@@ -394,7 +394,8 @@ def _top_fields(tape: Tape | None, top: dict[str, Any] | None) -> dict[str, Any]
             "root_what": root.get("what"),
         }
         out["root_tool"] = root.get("tool")
-        if tape is not None and 0 <= step < len(tape.steps):
+        if out["root_tool"] is None and tape is not None and 0 <= step < len(tape.steps):
+            # A job.json written before the root kept its tool: the tape names it.
             event = tape.steps[step]
             if isinstance(event, ToolEvent):
                 out["root_tool"] = event.name

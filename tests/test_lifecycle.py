@@ -302,7 +302,7 @@ def test_an_interrupted_job_says_the_interrupt_not_the_budget_ended_its_shapley(
         text="shapley: 8 seeds; the budget ended before the top separated: step 2 came out "
         "ahead of step 6 in 5 seed(s) and behind in 1: ... the same command with "
         "--max-forks 105 (16 more, for the chance they do not) goes on from here",
-        figures={"seeds": 8, "projected_forks": 11, "suggested_more": 16},
+        figures={"seeds": 8, "unseparated": True, "projected_forks": 11, "suggested_more": 16},
     )
     screen = Note(kind="screen", text="screen: 8 forks; steps that make choices: [2, 6]")
     outcome = JobOutcome("j", "budget_exhausted", [], [screen, ended], Progress())
@@ -315,7 +315,7 @@ def test_an_interrupted_job_says_the_interrupt_not_the_budget_ended_its_shapley(
         "shapley: 8 seeds; the job was interrupted before the top separated; rerun the same "
         "command",
     ]
-    assert outcome.notes[1].figures == {"seeds": 8}
+    assert outcome.notes[1].figures == {"seeds": 8, "unseparated": True}
     assert outcome.notes[2].kind == "interrupted"
 
 

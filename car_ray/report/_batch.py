@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import quote
 
 from .._answer import ANSWERED
-from ..results import BatchInfo, JobDir, TraceRow
+from ..results import BatchInfo, JobDir, TraceRow, root_label
 from ._page import budget_facts, esc, facts_list, fmt, fmt_count, or_dash, page
 
 Summary = Mapping[str, Any]
@@ -217,16 +217,12 @@ def _root(r: TraceRow) -> str:
     cleared the failure."""
     if r.root_step is None:
         return "—"
-    if r.root_intervention == "context":
-        what = "request"
-    else:
-        what = f"{r.root_tool} result" if r.root_tool else "tool result"
     clears = ""
     if r.root_value is not None:
         clears = f": replacing it clears the failure {fmt(r.root_value, 2)}"
         if r.root_lo is not None and r.root_hi is not None:
             clears += f" [{fmt(r.root_lo, 2)}, {fmt(r.root_hi, 2)}]"
-    return f"step {r.root_step} ({what}){clears}"
+    return root_label(r.root_step, r.root_intervention, r.root_tool) + clears
 
 
 def _cause(r: TraceRow) -> str:

@@ -52,7 +52,7 @@ from ._rows import (
     arrow_schema,
     fork_record,
 )
-from ._summary import summarize
+from ._summary import root_label, summarize
 from ._verdict import (
     answer_of,
     describe_entry,
@@ -112,6 +112,7 @@ __all__ = [
     "read_rows",
     "replaced_part",
     "root_cause",
+    "root_label",
     "shown",
     "split_job_location",
     "steps_text",

@@ -30,17 +30,21 @@ def _named(field: str, only_kind: str | None = None) -> Callable[[Trace], _Key]:
     return key
 
 
+def root_label(step: int, intervention: str | None, tool: str | None) -> str:
+    """A root as the batch's summaries name it: its step and the input there, a tool's result
+    or (a context arm's) the model step's request ('step 1 (lookup_order result)')."""
+    if intervention == "context":
+        return f"step {step} (request)"
+    return f"step {step} ({tool} result)" if tool else f"step {step} (tool result)"
+
+
 def _root(trace: Trace) -> _Key:
-    """The failure's root a trace names (`TraceRow.root_*`): the input at its step, a tool's
-    result or a model step's request."""
+    """The failure's root a trace names (`TraceRow.root_*`)."""
     if trace.get("root_step") is None:
         return None
-    step, tool = int(trace["root_step"]), trace.get("root_tool")
-    if trace.get("root_intervention") == "context":
-        what = "request"
-    else:
-        what = f"{tool} result" if tool else "tool result"
-    return (f"step {step} ({what})", (step, what))
+    step = int(trace["root_step"])
+    label = root_label(step, trace.get("root_intervention"), trace.get("root_tool"))
+    return (label, (step, label))
 
 
 _BLAME: tuple[tuple[str, Callable[[Trace], _Key]], ...] = (

@@ -257,6 +257,8 @@ def held_notes(ctx: JobContext, results: Results) -> list[Note]:
         unsettled = shapley.unsettled if shapley is not None else None
         why = f": {unsettled.text}" if unsettled is not None else ""
         text = f"shapley: {n} seeds; the budget ended before the top separated{why}"
+        # Said of a job whose run ended it (an interrupt, `attribute.JobRun.settle`) otherwise.
+        figures["unseparated"] = True
         if unsettled is not None and unsettled.forks is not None:
             figures.update(
                 projected_forks=unsettled.forks,
